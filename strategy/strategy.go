@@ -21,6 +21,9 @@ import (
 // under a new batch ID. Any push error that does not match ErrNotApplied (with
 // errors.Is) means the outcome is unknown, and the caller must re-send the same
 // batch, unchanged and under the same ID, until it gets a definite answer.
+// Once an attempt's outcome was unknown, only a success settles the batch: a
+// later ErrNotApplied speaks for that attempt alone, and an earlier one may
+// have been applied.
 var ErrNotApplied = errors.New("strategy: batch not applied")
 
 // CounterID names one counter within a namespace.

@@ -1,0 +1,143 @@
+package shm
+
+import (
+	"hash/maphash"
+	"strings"
+)
+
+// lock returns key's entry with its shard locked: read-locked when the entry
+// existed, write-locked when this call created it. Release with s.unlock.
+func (t *Table) lock(key string, now int64) (s *shard, e *Entry, excl bool) {
+	h := maphash.String(t.seed, key)
+	s = t.shardOf(h)
+	s.mu.RLock()
+	if e = s.find(key, h); e != nil {
+		return s, e, false
+	}
+	s.mu.RUnlock()
+	s.mu.Lock()
+	if e = s.find(key, h); e == nil {
+		// Clone: the caller's string may share a large buffer (a header, a body).
+		e = t.insert(s, strings.Clone(key), h, now)
+	}
+	return s, e, true
+}
+
+// lookup returns key's entry read-locked, or nil with nothing locked.
+func (t *Table) lookup(key string) (*shard, *Entry) {
+	h := maphash.String(t.seed, key)
+	s := t.shardOf(h)
+	s.mu.RLock()
+	if e := s.find(key, h); e != nil {
+		return s, e
+	}
+	s.mu.RUnlock()
+	return nil, nil
+}
+
+func (s *shard) unlock(excl bool) {
+	if excl {
+		s.mu.Unlock()
+	} else {
+		s.mu.RUnlock()
+	}
+}
+
+// window returns the start of the window of size index w that a hit at now
+// counts in, rotating e forward when now has entered a new window. A clock that
+// went backwards never moves windows back: a hit older than both held windows
+// counts in the newest one.
+func (t *Table) window(e *Entry, w int, now int64) int64 {
+	p := &e.w[w]
+	size := t.sizeMS[w]
+	x := windowStart(now, size)
+	lat := p.latest.Load()
+	if x > lat {
+		e.mu.Lock()
+		e.rotate(t, w, x)
+		e.mu.Unlock()
+		lat = p.latest.Load()
+	}
+	if x < lat-size {
+		x = lat
+	}
+	return x
+}
+
+// touch marks e used (for eviction) and, when tracking, dirty.
+func (t *Table) touch(s *shard, e *Entry) {
+	want := flagRef
+	if t.track {
+		want |= flagDirty
+	}
+	f := e.flags.Load()
+	if f&want == want {
+		return
+	}
+	old := e.flags.Or(want)
+	if t.track && old&flagDirty == 0 {
+		s.dirtyMu.Lock()
+		s.dirty = append(s.dirty, e)
+		s.dirtyMu.Unlock()
+	}
+}
+
+// View is the node's view of one key and window size at an instant.
+type View struct {
+	Start int64 // start of the window the instant counts in, Unix ms
+	Cur   int64 // count in that window
+	Prev  int64 // count in the window before it
+}
+
+// Add adds v to key's window of size index w at now (Unix ms) and returns the
+// view after the addition.
+func (t *Table) Add(key string, w int, now, v int64) View {
+	s, e, excl := t.lock(key, now)
+	x := t.window(e, w, now)
+	p := &e.w[w]
+	p.slot[parity(x, t.sizeMS[w])].local.Add(v)
+	t.touch(s, e)
+	vw := View{Start: x, Cur: p.view(x, t.sizeMS[w]), Prev: p.view(x-t.sizeMS[w], t.sizeMS[w])}
+	s.unlock(excl)
+	return vw
+}
+
+// Peek returns key's view at now without counting anything. It creates the
+// entry when missing and moves it to now's window, so the key counts as seen
+// by this node and the next sync reads it.
+func (t *Table) Peek(key string, w int, now int64) View {
+	s, e, excl := t.lock(key, now)
+	x := t.window(e, w, now)
+	if e.flags.Load()&flagRef == 0 {
+		e.flags.Or(flagRef)
+	}
+	p := &e.w[w]
+	vw := View{Start: x, Cur: p.view(x, t.sizeMS[w]), Prev: p.view(x-t.sizeMS[w], t.sizeMS[w])}
+	s.unlock(excl)
+	return vw
+}
+
+// AddPending is Add for a write-through: it also records v as handed to a push
+// in flight, so no sync pushes it again. Settle the push with Ack or Release
+// on a Batch holding the returned Ref and v.
+func (t *Table) AddPending(key string, w int, now, v int64) (View, Ref) {
+	s, e, excl := t.lock(key, now)
+	x := t.window(e, w, now)
+	p := &e.w[w]
+	ref := Ref{e: e, w: uint8(w), start: x}
+	e.mu.Lock()
+	if _, ok := p.held(x, t.sizeMS[w]); !ok {
+		// Rotated past x since window() returned: count in the newest window.
+		x = p.latest.Load()
+		ref.start = x
+	}
+	p.slot[parity(x, t.sizeMS[w])].local.Add(v)
+	t.penMu.Lock()
+	t.pending[ref] += v
+	t.penMu.Unlock()
+	e.mu.Unlock()
+	t.touch(s, e)
+	vw := View{Start: x, Cur: p.view(x, t.sizeMS[w]), Prev: p.view(x-t.sizeMS[w], t.sizeMS[w])}
+	s.unlock(excl)
+	return vw, ref
+}

@@ -1,0 +1,141 @@
+package shm
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+// noWindow marks a window pair that has not held any window yet.
+const noWindow = math.MinInt64
+
+// Entry flag bits.
+const (
+	flagDirty uint32 = 1 << iota // on a shard's dirty list, waiting for a sync
+	flagRef                      // used since the eviction hand last passed
+	flagDead                     // removed from the table; its data was retired
+)
+
+// slot is one window's counts on this node.
+//
+//   - local: every hit counted here in the window;
+//   - acked: the part of local the store has confirmed (and so included in synced);
+//   - synced: the store's cluster-wide total, as last learned.
+//
+// The node's view of the window is synced + local - acked.
+type slot struct {
+	local  atomic.Int64
+	acked  atomic.Int64
+	synced atomic.Int64
+}
+
+func (s *slot) view() int64 { return s.synced.Load() + s.local.Load() - s.acked.Load() }
+
+// pair holds the current and previous window of one size. The window starting
+// at x lives in slot[parity(x)], so rotating by one window reuses only the
+// slot of the window that just became too old to matter.
+type pair struct {
+	latest atomic.Int64 // start of the newest window held, or noWindow
+	slot   [2]slot
+}
+
+// Entry is one key's counters for up to two window sizes. Its size is part of
+// the memory budget: 144 bytes, checked by a test.
+type Entry struct {
+	key   string
+	mu    sync.Mutex // rotation and sync bookkeeping; never taken by a plain increment
+	hash  uint32     // high bits of the key's hash, to skip most string compares
+	flags atomic.Uint32
+	w     [2]pair
+}
+
+// Key returns the entry's key.
+func (e *Entry) Key() string { return e.key }
+
+func parity(start, size int64) int {
+	return int((start / size) & 1)
+}
+
+// held reports whether the pair holds the window starting at x, and its slot.
+func (p *pair) held(x, size int64) (*slot, bool) {
+	lat := p.latest.Load()
+	if lat == noWindow || (x != lat && x != lat-size) {
+		return nil, false
+	}
+	return &p.slot[parity(x, size)], true
+}
+
+// view returns the node's count for the window starting at x, 0 if not held.
+func (p *pair) view(x, size int64) int64 {
+	if s, ok := p.held(x, size); ok {
+		return s.view()
+	}
+	return 0
+}
+
+// rotate makes cur the newest window held, retiring what the reused slots
+// held. The caller holds e.mu. Windows never move backwards.
+func (e *Entry) rotate(t *Table, w int, cur int64) {
+	p := &e.w[w]
+	size := t.sizeMS[w]
+	lat := p.latest.Load()
+	if cur <= lat {
+		return
+	}
+	if lat != noWindow {
+		for i := range p.slot {
+			s := &p.slot[i]
+			old := lat
+			if parity(lat, size) != i {
+				old = lat - size
+			}
+			next := cur
+			if parity(cur, size) != i {
+				next = cur - size
+			}
+			if old == next {
+				continue
+			}
+			// A hit racing with this reset lands in the new window: counted,
+			// never lost.
+			l := s.local.Swap(0)
+			a := s.acked.Swap(0)
+			s.synced.Store(0)
+			if l != a {
+				t.retire(Ref{e: e, w: uint8(w), start: old}, l, a)
+			}
+		}
+	}
+	p.latest.Store(cur)
+}
+
+// retireAll moves every unconfirmed window of e to the retired records and
+// marks e dead. The caller holds e.mu and has removed e from its shard.
+func (e *Entry) retireAll(t *Table) {
+	for w := range t.n {
+		p := &e.w[w]
+		lat := p.latest.Load()
+		if lat == noWindow {
+			continue
+		}
+		size := t.sizeMS[w]
+		for _, x := range [2]int64{lat, lat - size} {
+			s := &p.slot[parity(x, size)]
+			if l, a := s.local.Load(), s.acked.Load(); l != a {
+				t.retire(Ref{e: e, w: uint8(w), start: x}, l, a)
+			}
+		}
+	}
+	e.flags.Or(flagDead)
+}
+
+// expired reports whether no window of e is current or previous at now.
+func (e *Entry) expired(t *Table, now int64) bool {
+	for w := range t.n {
+		lat := e.w[w].latest.Load()
+		if lat != noWindow && lat >= windowStart(now, t.sizeMS[w])-t.sizeMS[w] {
+			return false
+		}
+	}
+	return true
+}

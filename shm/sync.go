@@ -1,0 +1,269 @@
+package shm
+
+import (
+	"github.com/ratesync/ratelimit/strategy"
+)
+
+// Ref names one window of one entry: a counter as the sync sees it. It stays
+// valid after the window rotates out or the entry is evicted, when it names
+// the retired record that holds the window's unconfirmed hits.
+type Ref struct {
+	e     *Entry
+	w     uint8
+	start int64
+}
+
+// Batch is a push being built by Collect: diffs and reads, each with the Ref
+// its answer belongs to. Reuse a Batch across cycles to avoid allocations.
+type Batch struct {
+	Diffs    []strategy.Diff
+	DiffRefs []Ref
+	Reads    []strategy.CounterID
+	ReadRefs []Ref
+}
+
+// Reset empties b, keeping its capacity.
+func (b *Batch) Reset() {
+	clear(b.DiffRefs) // drop entry pointers so evicted entries can be freed
+	clear(b.ReadRefs)
+	b.Diffs, b.DiffRefs, b.Reads, b.ReadRefs = b.Diffs[:0], b.DiffRefs[:0], b.Reads[:0], b.ReadRefs[:0]
+}
+
+// Empty reports whether b has nothing to send.
+func (b *Batch) Empty() bool { return len(b.Diffs) == 0 && len(b.Reads) == 0 }
+
+func (t *Table) id(ref Ref, key string) strategy.CounterID {
+	return strategy.CounterID{Key: key, Size: t.sizes[ref.w], Start: ref.start}
+}
+
+// addDiff appends the unconfirmed, not yet pending part d of ref to b and
+// records it as pending. The caller holds penMu.
+func (t *Table) addDiff(b *Batch, ref Ref, key string, d int64) {
+	t.pending[ref] += d
+	b.Diffs = append(b.Diffs, strategy.Diff{CounterID: t.id(ref, key), Delta: d})
+	b.DiffRefs = append(b.DiffRefs, ref)
+}
+
+// Collect appends to b every hit not yet handed to a push (from dirty entries
+// and retired records) and marks it pending. With reads, it also appends a
+// read of every window, current or previous at now, of every entry it holds
+// that has no diff: the keys this node has seen. Settle b with Ack or Release.
+func (t *Table) Collect(now int64, reads bool, b *Batch) {
+	t.retMu.Lock()
+	t.penMu.Lock()
+	for ref, r := range t.retired {
+		if d := r.local - r.acked - t.pending[ref]; d != 0 {
+			t.addDiff(b, ref, r.key, d)
+		} else if t.pending[ref] == 0 {
+			delete(t.retired, ref) // confirmed in full
+		}
+	}
+	t.penMu.Unlock()
+	t.retMu.Unlock()
+
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.dirtyMu.Lock()
+		dirty := s.dirty
+		s.dirty = nil
+		s.dirtyMu.Unlock()
+		for j, e := range dirty {
+			e.flags.And(^flagDirty) // before reading, so a racing hit marks it again
+			if !reads {
+				t.collectEntry(e, now, false, b)
+			}
+			dirty[j] = nil
+		}
+		s.dirtyMu.Lock()
+		if s.dirty == nil {
+			s.dirty = dirty[:0] // keep the backing array: no allocation next cycle
+		}
+		s.dirtyMu.Unlock()
+		if !reads {
+			continue
+		}
+		expired := 0
+		s.mu.RLock()
+		for _, e := range s.slots {
+			if e != nil {
+				t.collectEntry(e, now, true, b)
+				if e.expired(t, now) {
+					expired++
+				}
+			}
+		}
+		drop := expired > 0 && expired*4 >= s.count
+		s.mu.RUnlock()
+		if drop {
+			s.mu.Lock()
+			t.dropExpired(s, now)
+			s.mu.Unlock()
+		}
+	}
+}
+
+// collectEntry adds e's unpushed hits (and, with reads, its seen windows) to b.
+func (t *Table) collectEntry(e *Entry, now int64, reads bool, b *Batch) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.flags.Load()&flagDead != 0 {
+		return // its hits were retired; Collect pushes them from there
+	}
+	t.penMu.Lock()
+	defer t.penMu.Unlock()
+	for w := range t.n {
+		p := &e.w[w]
+		lat := p.latest.Load()
+		if lat == noWindow {
+			continue
+		}
+		size := t.sizeMS[w]
+		oldest := windowStart(now, size) - size
+		for _, x := range [2]int64{lat, lat - size} {
+			ref := Ref{e: e, w: uint8(w), start: x}
+			s := &p.slot[parity(x, size)]
+			if d := s.local.Load() - s.acked.Load() - t.pending[ref]; d != 0 {
+				t.addDiff(b, ref, e.key, d)
+			} else if reads && x >= oldest {
+				b.Reads = append(b.Reads, t.id(ref, e.key))
+				b.ReadRefs = append(b.ReadRefs, ref)
+			}
+		}
+	}
+}
+
+// Ack settles a successful push of b: its diffs are confirmed and the store's
+// totals become the synced counts.
+func (t *Table) Ack(b *Batch, res strategy.Result) {
+	for i, ref := range b.DiffRefs {
+		t.ack(ref, b.Diffs[i].Delta, res.Totals[i])
+	}
+	for i, ref := range b.ReadRefs {
+		t.setSynced(ref, res.Reads[i])
+	}
+}
+
+func (t *Table) ack(ref Ref, d, total int64) {
+	e := ref.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.flags.Load()&flagDead == 0 {
+		if s, ok := e.w[ref.w].held(ref.start, t.sizeMS[ref.w]); ok {
+			t.penMu.Lock()
+			t.unpend(ref, d)
+			s.acked.Add(d)
+			t.penMu.Unlock()
+			s.synced.Store(total)
+			return
+		}
+	}
+	t.retMu.Lock()
+	t.penMu.Lock()
+	t.unpend(ref, d)
+	if r := t.retired[ref]; r != nil {
+		r.acked += d
+		if r.acked == r.local && t.pending[ref] == 0 {
+			delete(t.retired, ref)
+		}
+	}
+	t.penMu.Unlock()
+	t.retMu.Unlock()
+}
+
+// unpend removes d from ref's pending amount. The caller holds penMu.
+func (t *Table) unpend(ref Ref, d int64) {
+	if n := t.pending[ref] - d; n != 0 {
+		t.pending[ref] = n
+	} else {
+		delete(t.pending, ref)
+	}
+}
+
+func (t *Table) setSynced(ref Ref, total int64) {
+	e := ref.e
+	e.mu.Lock()
+	if e.flags.Load()&flagDead == 0 {
+		if s, ok := e.w[ref.w].held(ref.start, t.sizeMS[ref.w]); ok {
+			s.synced.Store(total)
+		}
+	}
+	e.mu.Unlock()
+}
+
+// Release settles a push of b that surely was not applied: its diffs are no
+// longer pending, and the next Collect takes them again, merged with newer hits.
+func (t *Table) Release(b *Batch) {
+	for i, ref := range b.DiffRefs {
+		e := ref.e
+		e.mu.Lock()
+		t.penMu.Lock()
+		t.unpend(ref, b.Diffs[i].Delta)
+		t.penMu.Unlock()
+		e.mu.Unlock()
+		if e.flags.Load()&(flagDead|flagDirty) == 0 {
+			t.remark(e)
+		}
+	}
+}
+
+// remark puts e back on its shard's dirty list, unless it was evicted
+// meanwhile (then its hits are in a retired record, which Collect always reads).
+func (t *Table) remark(e *Entry) {
+	s, found := t.lookup(e.key)
+	if found == nil {
+		return
+	}
+	if found == e {
+		t.touch(s, e)
+	}
+	s.mu.RUnlock()
+}
+
+// Load stores a count the store reported for key's window of size index w
+// starting at start, as learned at now. With insert, a missing key is created
+// (fetch scope "all"); without, only keys this node holds are updated.
+func (t *Table) Load(key string, w int, start, count, now int64, insert bool) {
+	var s *shard
+	var e *Entry
+	excl := false
+	if insert {
+		s, e, excl = t.lock(key, now)
+	} else if s, e = t.lookup(key); e == nil {
+		return
+	}
+	defer s.unlock(excl)
+	size := t.sizeMS[w]
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	p := &e.w[w]
+	if lat := p.latest.Load(); start > lat && start <= windowStart(now, size) {
+		e.rotate(t, w, start)
+	}
+	if sl, ok := p.held(start, size); ok {
+		sl.synced.Store(count)
+	}
+}
+
+// Pending returns how many hits are handed to pushes not yet settled, and how
+// many retired records wait for a push.
+func (t *Table) Pending() (hits int64, retired int) {
+	t.retMu.Lock()
+	retired = len(t.retired)
+	t.retMu.Unlock()
+	t.penMu.Lock()
+	for _, d := range t.pending {
+		hits += d
+	}
+	t.penMu.Unlock()
+	return hits, retired
+}
+
+// retire records the unconfirmed part of a window leaving its entry.
+func (t *Table) retire(ref Ref, local, acked int64) {
+	if !t.track {
+		return
+	}
+	t.retMu.Lock()
+	t.retired[ref] = &retired{key: ref.e.key, local: local, acked: acked}
+	t.retMu.Unlock()
+}

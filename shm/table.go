@@ -1,0 +1,288 @@
+// Package shm is the rate limiter's in-memory counter table: the Go analogue of
+// the nginx shared-memory zone that Kong's library keeps its counters in.
+//
+// A Table is split into shards, each an open-addressing hash table of *Entry
+// behind its own RWMutex, so no lock is shared by all keys. The hot path takes a
+// shard's read lock, finds the entry and updates it with atomics; incrementing
+// an existing key allocates nothing. Each entry holds the current and previous
+// window of up to two window sizes; older windows are dropped when an entry
+// rotates, expired entries leave a shard before it grows, and a key cap evicts
+// with the CLOCK algorithm (and counts evictions). Hits that were never
+// confirmed by the store are kept as retired records until a sync pushes them,
+// so rotation and eviction lose nothing.
+package shm
+
+import (
+	"errors"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrConfig reports an invalid table configuration.
+var ErrConfig = errors.New("shm: invalid configuration")
+
+// Options configure a Table.
+type Options struct {
+	// Sizes are the window sizes an entry holds: one or two, each a positive
+	// whole number of milliseconds.
+	Sizes []time.Duration
+	// MaxKeys caps the number of entries; 0 means 1<<20. The cap is split
+	// evenly over the shards, so a table may evict slightly before it holds
+	// MaxKeys entries when keys hash unevenly.
+	MaxKeys int
+	// Track keeps the bookkeeping a sync needs: dirty lists, and retired
+	// records for unconfirmed hits of rotated or evicted windows. Without it
+	// (local-only mode) old windows are simply dropped.
+	Track bool
+}
+
+// Table is a sharded counter table. Its methods are safe for concurrent use.
+type Table struct {
+	n        int
+	sizes    [2]time.Duration
+	sizeMS   [2]int64
+	track    bool
+	seed     maphash.Seed
+	shards   []shard
+	shardCap int
+	mask     uint64
+
+	evictions atomic.Int64
+
+	retMu   sync.Mutex
+	retired map[Ref]*retired
+
+	penMu   sync.Mutex
+	pending map[Ref]int64
+}
+
+type shard struct {
+	mu    sync.RWMutex
+	slots []*Entry // len is a power of two, or 0
+	count int
+	hand  int
+
+	dirtyMu sync.Mutex
+	dirty   []*Entry
+
+	_ [64]byte // keep neighbouring shards' locks off one cache line
+}
+
+// retired is the unconfirmed part of a window that left its entry.
+type retired struct {
+	key          string
+	local, acked int64
+}
+
+const minSlots = 8
+
+// New returns an empty Table.
+func New(opts Options) (*Table, error) {
+	if len(opts.Sizes) < 1 || len(opts.Sizes) > 2 {
+		return nil, errors.Join(ErrConfig, errors.New("shm: a table holds one or two window sizes"))
+	}
+	t := &Table{n: len(opts.Sizes), track: opts.Track, seed: maphash.MakeSeed(),
+		retired: make(map[Ref]*retired), pending: make(map[Ref]int64)}
+	for i, s := range opts.Sizes {
+		if s <= 0 || s%time.Millisecond != 0 {
+			return nil, errors.Join(ErrConfig, errors.New("shm: window sizes must be positive whole milliseconds"))
+		}
+		t.sizes[i], t.sizeMS[i] = s, s.Milliseconds()
+	}
+	maxKeys := opts.MaxKeys
+	if maxKeys == 0 {
+		maxKeys = 1 << 20
+	}
+	if maxKeys < 0 {
+		return nil, errors.Join(ErrConfig, errors.New("shm: MaxKeys must not be negative"))
+	}
+	// Enough shards to keep lock contention low, few enough that each shard
+	// still holds a useful share of the cap.
+	nShards := 1
+	for nShards < 256 && nShards*64 <= maxKeys {
+		nShards *= 2
+	}
+	t.shards = make([]shard, nShards)
+	t.mask = uint64(nShards - 1)
+	t.shardCap = (maxKeys + nShards - 1) / nShards
+	return t, nil
+}
+
+// Sizes returns the table's window sizes.
+func (t *Table) Sizes() []time.Duration { return t.sizes[:t.n] }
+
+// Evictions returns how many entries the key cap has evicted.
+func (t *Table) Evictions() int64 { return t.evictions.Load() }
+
+// Len returns how many entries the table holds.
+func (t *Table) Len() int {
+	n := 0
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.RLock()
+		n += s.count
+		s.mu.RUnlock()
+	}
+	return n
+}
+
+func windowStart(t, size int64) int64 {
+	q := t / size
+	if t%size < 0 {
+		q--
+	}
+	return q * size
+}
+
+func (t *Table) shardOf(h uint64) *shard { return &t.shards[h&t.mask] }
+
+// find returns the entry for key, or nil. The caller holds s.mu.
+func (s *shard) find(key string, h uint64) *Entry {
+	if len(s.slots) == 0 {
+		return nil
+	}
+	m := uint32(len(s.slots) - 1)
+	tag := uint32(h >> 32)
+	for i := tag & m; ; i = (i + 1) & m {
+		e := s.slots[i]
+		if e == nil {
+			return nil
+		}
+		if e.hash == tag && e.key == key {
+			return e
+		}
+	}
+}
+
+// Visit calls fn with key's entry, creating it if needed, while holding the
+// entry's shard read lock so the entry cannot be evicted under fn. fn must not
+// call back into the table's shard-locking methods.
+func (t *Table) visit(key string, now int64, fn func(e *Entry)) {
+	h := maphash.String(t.seed, key)
+	s := t.shardOf(h)
+	s.mu.RLock()
+	if e := s.find(key, h); e != nil {
+		fn(e)
+		s.mu.RUnlock()
+		return
+	}
+	s.mu.RUnlock()
+	s.mu.Lock()
+	e := s.find(key, h)
+	if e == nil {
+		e = t.insert(s, key, h, now)
+	}
+	fn(e)
+	s.mu.Unlock()
+}
+
+// insert adds a new entry. The caller holds s.mu for writing.
+func (t *Table) insert(s *shard, key string, h uint64, now int64) *Entry {
+	if s.count >= t.shardCap {
+		t.makeRoom(s, now)
+	}
+	if (s.count+1)*4 > len(s.slots)*3 {
+		// Before growing, drop what has expired: the shard is walked once per
+		// doubling at most, so the cost is amortised over the inserts.
+		t.dropExpired(s, now)
+		if (s.count+1)*4 > len(s.slots)*3 {
+			s.resize(max(minSlots, len(s.slots)*2))
+		}
+	}
+	e := &Entry{key: key, hash: uint32(h >> 32)}
+	for w := range e.w {
+		e.w[w].latest.Store(noWindow)
+	}
+	m := uint32(len(s.slots) - 1)
+	i := e.hash & m
+	for s.slots[i] != nil {
+		i = (i + 1) & m
+	}
+	s.slots[i] = e
+	s.count++
+	return e
+}
+
+func (s *shard) resize(n int) {
+	old := s.slots
+	s.slots = make([]*Entry, n)
+	m := uint32(n - 1)
+	for _, e := range old {
+		if e == nil {
+			continue
+		}
+		i := e.hash & m
+		for s.slots[i] != nil {
+			i = (i + 1) & m
+		}
+		s.slots[i] = e
+	}
+}
+
+// removeAt deletes the entry at slot i with backward-shift deletion, so probe
+// chains stay unbroken without tombstones. The caller holds s.mu for writing.
+func (s *shard) removeAt(i uint32) {
+	m := uint32(len(s.slots) - 1)
+	s.slots[i] = nil
+	s.count--
+	for j := (i + 1) & m; s.slots[j] != nil; j = (j + 1) & m {
+		k := s.slots[j].hash & m // where the entry at j wants to be
+		// Move it into the hole at i unless its ideal slot lies cyclically
+		// in (i, j], where the hole does not break its chain.
+		if (j > i && (k <= i || k > j)) || (j < i && k <= i && k > j) {
+			s.slots[i], s.slots[j] = s.slots[j], nil
+			i = j
+		}
+	}
+}
+
+// dropEntry retires e's unconfirmed hits, marks it dead and removes it from
+// slot i. The caller holds s.mu for writing.
+func (t *Table) dropEntry(s *shard, i uint32) {
+	e := s.slots[i]
+	e.mu.Lock()
+	if t.track {
+		e.retireAll(t)
+	} else {
+		e.flags.Or(flagDead)
+	}
+	e.mu.Unlock()
+	s.removeAt(i)
+}
+
+// dropExpired removes every entry of s whose windows are all too old to be
+// read. The caller holds s.mu for writing.
+func (t *Table) dropExpired(s *shard, now int64) {
+	for i := 0; i < len(s.slots); {
+		if e := s.slots[i]; e != nil && e.expired(t, now) {
+			t.dropEntry(s, uint32(i))
+			continue // backward shift may have moved another entry into i
+		}
+		i++
+	}
+}
+
+// makeRoom removes one entry from a full shard: an expired one if the CLOCK
+// hand meets one first, else the first one not used since the hand last
+// passed (counted as an eviction). The caller holds s.mu for writing.
+func (t *Table) makeRoom(s *shard, now int64) {
+	for range 2*len(s.slots) + 1 {
+		i := uint32(s.hand & (len(s.slots) - 1))
+		s.hand++
+		e := s.slots[i]
+		if e == nil {
+			continue
+		}
+		if !e.expired(t, now) {
+			if e.flags.Load()&flagRef != 0 {
+				e.flags.And(^flagRef)
+				continue
+			}
+			t.evictions.Add(1)
+		}
+		t.dropEntry(s, i)
+		return
+	}
+}

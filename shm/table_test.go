@@ -1,0 +1,309 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"testing"
+	"testing/quick"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratesync/ratelimit/strategy"
+	"github.com/ratesync/ratelimit/strategy/memory"
+)
+
+func newTable(t testing.TB, opts Options) *Table {
+	t.Helper()
+	tb, err := New(opts)
+	require.NoError(t, err)
+	return tb
+}
+
+func TestEntrySize(t *testing.T) {
+	// The memory budget (200 bytes per key with two window sizes) counts on
+	// this: an Entry is one 144-byte allocation.
+	require.Equal(t, uintptr(144), unsafe.Sizeof(Entry{}))
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	for _, o := range []Options{
+		{},
+		{Sizes: []time.Duration{time.Second, time.Minute, time.Hour}},
+		{Sizes: []time.Duration{0}},
+		{Sizes: []time.Duration{1500 * time.Microsecond}},
+		{Sizes: []time.Duration{time.Second}, MaxKeys: -1},
+	} {
+		_, err := New(o)
+		require.ErrorIs(t, err, ErrConfig, "%+v", o)
+	}
+}
+
+func TestWorkedExample(t *testing.T) {
+	tb := newTable(t, Options{Sizes: []time.Duration{time.Minute}})
+	const t0 = 1_700_000_040_000 // a minute boundary
+	tb.Add("k", 0, t0-30_000, 40)
+	v := tb.Add("k", 0, t0+30_000, 10)
+	require.Equal(t, View{Start: t0, Cur: 10, Prev: 40}, v)
+}
+
+// model is the mutex-based reference the table must agree with.
+type model struct {
+	mu     sync.Mutex
+	sizes  []int64
+	latest map[[2]any]int64
+	count  map[[3]any]int64
+}
+
+func (m *model) window(key string, w int, now int64) int64 {
+	size := m.sizes[w]
+	x := windowStart(now, size)
+	lat, ok := m.latest[[2]any{key, w}]
+	if !ok || x > lat {
+		m.latest[[2]any{key, w}] = x
+		lat = x
+	}
+	if x < lat-size {
+		x = lat
+	}
+	return x
+}
+
+func (m *model) view(key string, w int, x int64) View {
+	return View{Start: x, Cur: m.count[[3]any{key, w, x}], Prev: m.count[[3]any{key, w, x - m.sizes[w]}]}
+}
+
+func (m *model) add(key string, w int, now, v int64) View {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	x := m.window(key, w, now)
+	m.count[[3]any{key, w, x}] += v
+	return m.view(key, w, x)
+}
+
+func (m *model) peek(key string, w int, now int64) View {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.view(key, w, m.window(key, w, now))
+}
+
+type op struct {
+	Key  uint8
+	W    bool
+	Peek bool
+	Step uint16 // time step in ms
+	Back bool   // jump the clock back instead
+	V    int8
+}
+
+func TestTableMatchesModel(t *testing.T) {
+	check := func(ops []op) bool {
+		tb := newTable(t, Options{Sizes: []time.Duration{100 * time.Millisecond, time.Second}})
+		m := &model{sizes: []int64{100, 1000}, latest: map[[2]any]int64{}, count: map[[3]any]int64{}}
+		now := int64(1_000_000)
+		for _, o := range ops {
+			if o.Back {
+				now -= int64(o.Step % 1500)
+			} else {
+				now += int64(o.Step % 300)
+			}
+			key := fmt.Sprintf("k%d", o.Key%8)
+			w := 0
+			if o.W {
+				w = 1
+			}
+			var got, want View
+			if o.Peek {
+				got, want = tb.Peek(key, w, now), m.peek(key, w, now)
+			} else {
+				got, want = tb.Add(key, w, now, int64(o.V)), m.add(key, w, now, int64(o.V))
+			}
+			if got != want {
+				t.Logf("%+v at %d: table %+v, model %+v", o, now, got, want)
+				return false
+			}
+		}
+		return true
+	}
+	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 300}))
+}
+
+func TestAddExistingKeyAllocatesNothing(t *testing.T) {
+	tb := newTable(t, Options{Sizes: []time.Duration{time.Second, time.Minute}, Track: true})
+	now := int64(1_000_000)
+	tb.Add("k", 0, now, 1)
+	tb.Add("k", 1, now, 1)
+	allocs := testing.AllocsPerRun(1000, func() {
+		tb.Add("k", 0, now, 1)
+		tb.Add("k", 1, now, 1)
+		tb.Peek("k", 0, now)
+	})
+	require.Zero(t, allocs)
+}
+
+func TestKeyCapEvictsAndCounts(t *testing.T) {
+	tb := newTable(t, Options{Sizes: []time.Duration{time.Minute}, MaxKeys: 100})
+	now := int64(1_000_000)
+	for i := range 1000 {
+		tb.Add(fmt.Sprintf("key-%d", i), 0, now, 1)
+	}
+	require.LessOrEqual(t, tb.Len(), 100)
+	require.Equal(t, int64(1000-tb.Len()), tb.Evictions())
+}
+
+func TestExpiredEntriesLeaveWithoutEviction(t *testing.T) {
+	tb := newTable(t, Options{Sizes: []time.Duration{time.Second}, MaxKeys: 64})
+	now := int64(1_000_000)
+	for round := range 20 {
+		for i := range 16 {
+			tb.Add(fmt.Sprintf("r%d-%d", round, i), 0, now, 1)
+		}
+		now += 2000 // every earlier key is now older than the previous window
+	}
+	require.Zero(t, tb.Evictions(), "expired entries make room before live ones are evicted")
+	require.LessOrEqual(t, tb.Len(), 64)
+}
+
+// settle pushes b until the store gives a definite answer, as the sync loop
+// does. Once an attempt's outcome was unknown, only a success settles b: a
+// later "not applied" speaks for that attempt alone.
+func settle(t testing.TB, tb *Table, st *memory.Store, b *Batch, id string) {
+	unknown := false
+	for range 1000 {
+		res, err := st.PushDiffs(context.Background(), &strategy.Batch{ID: id, Namespace: "ns", Diffs: b.Diffs, Reads: b.Reads})
+		if err == nil {
+			tb.Ack(b, res)
+			return
+		}
+		if !unknown && errors.Is(err, strategy.ErrNotApplied) {
+			tb.Release(b)
+			return
+		}
+		unknown = true
+	}
+	t.Fatal("push never settled")
+}
+
+// TestNoHitLostOrDoubled drives random hits through rotations, clock jumps,
+// evictions and a faulty store, then checks that the store holds every hit of
+// every window exactly once.
+func TestNoHitLostOrDoubled(t *testing.T) {
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		tb := newTable(t, Options{Sizes: []time.Duration{50 * time.Millisecond, 200 * time.Millisecond}, MaxKeys: 16, Track: true})
+		st := memory.New()
+		st.SetFaults(func(memory.Op) memory.Fault { return memory.Fault(rng.IntN(4)) })
+		want := map[strategy.CounterID]int64{}
+		now := int64(1_000_000)
+		var b Batch
+		batches := 0
+		for range 3000 {
+			switch r := rng.IntN(100); {
+			case r < 3:
+				now -= int64(rng.IntN(300))
+			case r < 10:
+				b.Reset()
+				tb.Collect(now, rng.IntN(2) == 0, &b)
+				batches++
+				settle(t, tb, st, &b, fmt.Sprintf("b%d-%d", seed, batches))
+			default:
+				now += int64(rng.IntN(20))
+				key := fmt.Sprintf("k%d", rng.IntN(40))
+				w := rng.IntN(2)
+				v := int64(rng.IntN(5) - 1)
+				vw := tb.Add(key, w, now, v)
+				want[strategy.CounterID{Key: key, Size: tb.sizes[w], Start: vw.Start}] += v
+			}
+		}
+		st.SetFaults(nil)
+		for range 3 {
+			b.Reset()
+			tb.Collect(now, false, &b)
+			batches++
+			settle(t, tb, st, &b, fmt.Sprintf("b%d-%d", seed, batches))
+		}
+		hits, retired := tb.Pending()
+		require.Zero(t, hits)
+		require.Zero(t, retired)
+		for id, n := range want {
+			got, err := st.GetWindow(context.Background(), "ns", id)
+			require.NoError(t, err)
+			require.Equal(t, n, got, "seed %d %v", seed, id)
+		}
+	}
+}
+
+func TestConcurrentAddsAndSyncs(t *testing.T) {
+	tb := newTable(t, Options{Sizes: []time.Duration{10 * time.Millisecond}, MaxKeys: 64, Track: true})
+	st := memory.New()
+	var clock sync.Mutex
+	now := int64(1_000_000)
+	tick := func(d int64) int64 {
+		clock.Lock()
+		defer clock.Unlock()
+		now += d
+		return now
+	}
+	const workers, hits = 4, 5000
+	var wg sync.WaitGroup
+	totals := make([]map[strategy.CounterID]int64, workers)
+	for g := range workers {
+		totals[g] = map[strategy.CounterID]int64{}
+		wg.Go(func() {
+			for i := range hits {
+				key := fmt.Sprintf("k%d", (i*7+g)%200)
+				vw := tb.Add(key, 0, tick(1), 1)
+				totals[g][strategy.CounterID{Key: key, Size: 10 * time.Millisecond, Start: vw.Start}]++
+			}
+		})
+	}
+	done := make(chan struct{})
+	syncer := make(chan struct{})
+	go func() {
+		defer close(syncer)
+		var b Batch
+		for n := 0; ; n++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			b.Reset()
+			tb.Collect(tick(0), n%2 == 0, &b)
+			settle(t, tb, st, &b, fmt.Sprintf("c%d", n))
+			runtime.Gosched()
+		}
+	}()
+	wg.Wait()
+	close(done)
+	<-syncer
+	var b Batch
+	tb.Collect(tick(0), false, &b)
+	settle(t, tb, st, &b, "final")
+	sum := int64(0)
+	for _, m := range totals {
+		for id, n := range m {
+			_ = id
+			sum += n
+		}
+	}
+	require.Equal(t, int64(workers*hits), sum)
+	stored := int64(0)
+	want := map[strategy.CounterID]int64{}
+	for _, m := range totals {
+		for id, n := range m {
+			want[id] += n
+		}
+	}
+	for id := range want {
+		got, err := st.GetWindow(context.Background(), "ns", id)
+		require.NoError(t, err)
+		stored += got
+	}
+	require.Equal(t, sum, stored, "every hit reaches the store exactly once")
+}
