@@ -1,0 +1,380 @@
+// Package postgres is a strategy.Strategy backed by PostgreSQL through a pgx v5
+// connection pool: the store for teams whose shared state already lives in the
+// PostgreSQL they run (Kong's "cluster" strategy).
+//
+// # Tables
+//
+// New creates two tables if they are missing (names from Options):
+//
+//	CREATE TABLE rl_counters (
+//	    namespace    text COLLATE "C" NOT NULL,
+//	    key          text COLLATE "C" NOT NULL,
+//	    window_size  bigint NOT NULL,  -- milliseconds, > 0
+//	    window_start bigint NOT NULL,  -- Unix milliseconds
+//	    count        bigint NOT NULL,
+//	    PRIMARY KEY (namespace, window_size, window_start, key)
+//	) WITH (fillfactor = 80);
+//	CREATE INDEX rl_counters_expiry_idx ON rl_counters ((window_start + 2 * window_size));
+//
+//	CREATE TABLE rl_counters_batches (
+//	    id         text COLLATE "C" PRIMARY KEY,
+//	    expires_at bigint NOT NULL     -- Unix milliseconds
+//	);
+//	CREATE INDEX rl_counters_batches_expiry_idx ON rl_counters_batches (expires_at);
+//
+// The primary key serves GetCounters (one index range per namespace, size and
+// window start, narrowed by key when the fetch scope is "seen"); the expiry
+// indexes serve Purge. The fill factor leaves room on each page so that the
+// frequent count updates can be HOT updates.
+//
+// # Pushes
+//
+// A push is one SQL statement in autocommit: it inserts the batch ID into the
+// batch table (ON CONFLICT DO NOTHING) and, only if that insert happened,
+// upserts every diff from unnest'ed arrays (ON CONFLICT DO UPDATE SET count =
+// count + delta), returning the new totals and the counters to read. Rows are
+// sorted by counter identity, so concurrent pushes lock rows in the same order
+// and cannot deadlock. Because the batch ID is recorded in the same
+// transaction as the increments, a batch re-sent after a lost reply is not
+// applied again; the store then answers with the current totals. Batches
+// larger than Options.MaxPushRows are sent as several such statements, each
+// with its own ID derived from the batch ID (see strategy.Strategy).
+//
+// # Errors
+//
+// A push error wraps strategy.ErrNotApplied when nothing can have been
+// written: the context was done before sending, no connection could be
+// acquired, pgx reports the failure happened before anything was sent
+// (pgconn.SafeToRetry), the server rejected the statement with an ERROR (the
+// statement's transaction was rolled back), or the batch was invalid. Any other
+// error (connection lost or timeout after the statement was sent) leaves the
+// outcome unknown; re-sending the same batch is safe. The store itself re-sends
+// a statement at most Options.MaxRetries times when the connection broke or
+// the server reported a serialization failure or deadlock.
+//
+// # Retention
+//
+// Purge deletes counters whose window is older than the previous one
+// (window_start + 2*window_size <= now) and batch IDs past their expiry, in
+// bounded DELETE statements that skip rows locked by another purger, so every
+// node may purge at once. The core's sync loop calls Purge every cycle; the
+// store does real work at most once per Options.PurgeInterval of the now it is
+// given.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ratesync/ratelimit/strategy"
+)
+
+// Defaults of Options' zero-valued fields.
+const (
+	DefaultTable            = "rl_counters"
+	DefaultPurgeInterval    = time.Minute
+	DefaultPurgeBatchSize   = 5000
+	DefaultMaxPushRows      = 25000
+	DefaultBatchIDRetention = time.Minute
+	DefaultMaxRetries       = 2
+)
+
+// maxIdentLen is PostgreSQL's identifier limit (NAMEDATALEN - 1); longer names
+// are silently truncated by the server, which could make two names collide.
+const maxIdentLen = 63
+
+// ErrInvalidOptions is wrapped by New's errors about Options.
+var ErrInvalidOptions = errors.New("postgres: invalid options")
+
+// ErrInvalidText is wrapped by push errors about a namespace or key that
+// PostgreSQL cannot store as text: not valid UTF-8, or containing a NUL byte.
+// Such a push also wraps strategy.ErrNotApplied.
+var ErrInvalidText = errors.New("postgres: text is not valid UTF-8 or contains NUL")
+
+// Options configure a Store. The zero value of every field selects its
+// documented default.
+type Options struct {
+	// Schema holds both tables. Default: none, so names resolve through the
+	// connection's search_path. The schema must exist.
+	Schema string
+	// Table is the counters table. Default "rl_counters". Names are quoted,
+	// hence case-sensitive, and must be at most 63 bytes together with the
+	// index suffix "_expiry_idx".
+	Table string
+	// BatchTable records the IDs of applied batches. Default Table + "_batches".
+	BatchTable string
+
+	// PurgeInterval is the least time, measured on the now passed to Purge,
+	// between two purges that do real work. The core's sync loop calls Purge
+	// every cycle; the calls in between return at once. Default 1 minute.
+	PurgeInterval time.Duration
+	// PurgeBatchSize is how many rows one DELETE statement removes; Purge
+	// repeats it until a statement removes fewer. Default 5000.
+	PurgeBatchSize int
+
+	// MaxPushRows is the most diffs (and, separately, reads) sent in one
+	// statement; a larger batch is sent as several statements, each applied
+	// exactly once under an ID derived from the batch ID. Default 25000.
+	MaxPushRows int
+	// BatchIDRetention is how long a batch ID is kept after the end of the
+	// latest window its batch touched (start + 2*size), as a margin for clocks
+	// that disagree between nodes. A batch re-sent after its ID was purged is
+	// applied again, but only to windows that are themselves purged. Default
+	// 1 minute.
+	BatchIDRetention time.Duration
+	// MaxRetries is how many times a push statement is re-sent at once, under
+	// the same ID, after the connection broke or the server reported a
+	// serialization failure or a deadlock. Default 2; negative means never.
+	MaxRetries int
+}
+
+// Store is a strategy.Strategy on PostgreSQL. It is safe for concurrent use;
+// it does not own the pool, and has nothing to close.
+type Store struct {
+	pool *pgxpool.Pool
+	opts Options
+
+	counters string // quoted, possibly schema-qualified, table names
+	batches  string
+
+	pushSQL, pushUnguardedSQL, readSQL, getCountersSQL, getCountersKeysSQL, getWindowSQL string
+	purgeCountersSQL, purgeBatchesSQL                                                  string
+
+	// lastPurge is the now of the latest purge that did real work, or noPurge.
+	lastPurge atomic.Int64
+
+	// noGuard is a test hook: push without checking the batch ID, to prove
+	// the lost-commit test fails without the guard.
+	noGuard bool
+}
+
+const noPurge = math.MinInt64
+
+var _ strategy.Strategy = (*Store)(nil)
+
+// New returns a Store on pool, creating its tables and indexes if they are
+// missing. Several nodes may call New at once: the creation runs in a
+// transaction holding a transaction-level advisory lock derived from the table
+// names, so only one of them creates anything. When both tables already exist
+// New creates nothing, so a role without CREATE privilege can use tables an
+// administrator made.
+func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidOptions)
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{pool: pool, opts: opts}
+	s.counters = qualify(opts.Schema, opts.Table)
+	s.batches = qualify(opts.Schema, opts.BatchTable)
+	s.buildSQL()
+	s.lastPurge.Store(noPurge)
+	if err := s.createSchema(ctx); err != nil {
+		return nil, fmt.Errorf("postgres: create tables %s, %s: %w", s.counters, s.batches, err)
+	}
+	return s, nil
+}
+
+func (o Options) withDefaults() (Options, error) {
+	bad := func(field, format string, args ...any) (Options, error) {
+		return Options{}, fmt.Errorf("%w: %s: %s", ErrInvalidOptions, field, fmt.Sprintf(format, args...))
+	}
+	if o.Table == "" {
+		o.Table = DefaultTable
+	}
+	batchField := "BatchTable"
+	if o.BatchTable == "" {
+		o.BatchTable = o.Table + "_batches"
+		batchField = "Table" // the derived name is too long only because of Table
+	}
+	if o.Schema != "" {
+		if err := checkIdent(o.Schema, ""); err != nil {
+			return bad("Schema", "%v", err)
+		}
+	}
+	if err := checkIdent(o.Table, expirySuffix); err != nil {
+		return bad("Table", "%v", err)
+	}
+	if err := checkIdent(o.BatchTable, expirySuffix); err != nil {
+		return bad(batchField, "%v (BatchTable %q)", err, o.BatchTable)
+	}
+	if o.Table == o.BatchTable {
+		return bad("BatchTable", "must differ from Table %q", o.Table)
+	}
+	switch {
+	case o.PurgeInterval < 0:
+		return bad("PurgeInterval", "negative (%v)", o.PurgeInterval)
+	case o.PurgeInterval == 0:
+		o.PurgeInterval = DefaultPurgeInterval
+	}
+	switch {
+	case o.PurgeBatchSize < 0:
+		return bad("PurgeBatchSize", "negative (%d)", o.PurgeBatchSize)
+	case o.PurgeBatchSize == 0:
+		o.PurgeBatchSize = DefaultPurgeBatchSize
+	}
+	switch {
+	case o.MaxPushRows < 0:
+		return bad("MaxPushRows", "negative (%d)", o.MaxPushRows)
+	case o.MaxPushRows == 0:
+		o.MaxPushRows = DefaultMaxPushRows
+	}
+	switch {
+	case o.BatchIDRetention < 0:
+		return bad("BatchIDRetention", "negative (%v)", o.BatchIDRetention)
+	case o.BatchIDRetention == 0:
+		o.BatchIDRetention = DefaultBatchIDRetention
+	}
+	switch {
+	case o.MaxRetries < 0:
+		o.MaxRetries = 0
+	case o.MaxRetries == 0:
+		o.MaxRetries = DefaultMaxRetries
+	}
+	return o, nil
+}
+
+const expirySuffix = "_expiry_idx"
+
+// checkIdent accepts any name PostgreSQL can hold once quoted: valid UTF-8,
+// no NUL, and short enough (with suffix) not to be truncated.
+func checkIdent(name, suffix string) error {
+	switch {
+	case !utf8.ValidString(name) || strings.IndexByte(name, 0) >= 0:
+		return fmt.Errorf("%q is not valid UTF-8 or contains NUL", name)
+	case len(name)+len(suffix) > maxIdentLen:
+		return fmt.Errorf("%q is longer than %d bytes", name, maxIdentLen-len(suffix))
+	}
+	return nil
+}
+
+func qualify(schema, name string) string {
+	if schema == "" {
+		return pgx.Identifier{name}.Sanitize()
+	}
+	return pgx.Identifier{schema, name}.Sanitize()
+}
+
+// Options returns the store's options with defaults filled in.
+func (s *Store) Options() Options { return s.opts }
+
+func (s *Store) createSchema(ctx context.Context) error {
+	var exists bool
+	err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`,
+		s.counters, s.batches).Scan(&exists)
+	if err != nil || exists {
+		return err
+	}
+	h := fnv.New64a()
+	h.Write([]byte("github.com/ratesync/ratelimit/strategy/postgres\x00" + s.counters + "\x00" + s.batches))
+	lockKey := int64(h.Sum64())
+
+	counterIdx := pgx.Identifier{s.opts.Table + expirySuffix}.Sanitize()
+	batchIdx := pgx.Identifier{s.opts.BatchTable + expirySuffix}.Sanitize()
+	ddl := []string{
+		`CREATE TABLE IF NOT EXISTS ` + s.counters + ` (
+			namespace    text COLLATE "C" NOT NULL,
+			key          text COLLATE "C" NOT NULL,
+			window_size  bigint NOT NULL CHECK (window_size > 0),
+			window_start bigint NOT NULL,
+			count        bigint NOT NULL,
+			PRIMARY KEY (namespace, window_size, window_start, key)
+		) WITH (fillfactor = 80)`,
+		`CREATE INDEX IF NOT EXISTS ` + counterIdx + ` ON ` + s.counters + ` ((window_start + 2 * window_size))`,
+		`CREATE TABLE IF NOT EXISTS ` + s.batches + ` (
+			id         text COLLATE "C" PRIMARY KEY,
+			expires_at bigint NOT NULL
+		)`,
+		`CREATE INDEX IF NOT EXISTS ` + batchIdx + ` ON ` + s.batches + ` (expires_at)`,
+	}
+	// CREATE ... IF NOT EXISTS alone is not enough when nodes start together:
+	// two concurrent creations can both pass the existence check and one then
+	// fails on a unique violation in pg_type. The advisory lock serialises
+	// them; it is released with the transaction.
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockKey); err != nil {
+			return err
+		}
+		for _, q := range ddl {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func (s *Store) buildSQL() {
+	c, b := s.counters, s.batches
+	// $1 batch ID, $2 its expiry, $3 namespace, $4-$7 diffs sorted by
+	// identity, $8-$10 reads. The upsert runs only when the batch ID was new
+	// (EXISTS over the RETURNING of the insert). Totals come from RETURNING
+	// (the row version this statement wrote); reads of counters this
+	// statement did not write come from the table.
+	const push = `WITH b AS (
+	%[2]s
+), d AS (
+	SELECT * FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::bigint[]) WITH ORDINALITY
+		AS d(key, window_size, window_start, delta, ord)
+), up AS (
+	INSERT INTO %[1]s AS t (namespace, key, window_size, window_start, count)
+	SELECT $3, d.key, d.window_size, d.window_start, d.delta FROM d
+	WHERE %[3]s
+	ORDER BY d.ord
+	ON CONFLICT (namespace, window_size, window_start, key)
+	DO UPDATE SET count = t.count + EXCLUDED.count
+	RETURNING t.key, t.window_size, t.window_start, t.count
+)
+SELECT false, d.ord, up.count
+FROM d JOIN up ON up.key = d.key AND up.window_size = d.window_size AND up.window_start = d.window_start
+UNION ALL
+SELECT true, r.ord, COALESCE(up.count, c.count, 0)
+FROM unnest($8::text[], $9::bigint[], $10::bigint[]) WITH ORDINALITY AS r(key, window_size, window_start, ord)
+LEFT JOIN up ON up.key = r.key AND up.window_size = r.window_size AND up.window_start = r.window_start
+LEFT JOIN %[1]s c ON c.namespace = $3 AND c.key = r.key AND c.window_size = r.window_size AND c.window_start = r.window_start`
+	s.pushSQL = fmt.Sprintf(push, c,
+		`INSERT INTO `+b+` (id, expires_at) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING RETURNING 1`,
+		`EXISTS (SELECT 1 FROM b)`)
+	// The unguarded form neither records nor checks the ID: for batches
+	// without an ID, and for the test that proves the guard matters.
+	s.pushUnguardedSQL = fmt.Sprintf(push, c, `SELECT $1::text, $2::bigint`, `true`)
+
+	s.readSQL = `SELECT r.ord, COALESCE(c.count, 0)
+FROM unnest($2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY AS r(key, window_size, window_start, ord)
+LEFT JOIN ` + c + ` c ON c.namespace = $1 AND c.key = r.key AND c.window_size = r.window_size AND c.window_start = r.window_start`
+
+	// One primary-key range per (size, start) pair.
+	const get = `SELECT c.key, c.window_size, c.window_start, c.count
+FROM unnest($2::bigint[], $3::bigint[]) AS w(window_size, window_start)
+JOIN %s c ON c.namespace = $1 AND c.window_size = w.window_size AND c.window_start = w.window_start`
+	s.getCountersSQL = fmt.Sprintf(get, c)
+	s.getCountersKeysSQL = fmt.Sprintf(get, c) + ` AND c.key = ANY($4::text[])`
+
+	s.getWindowSQL = `SELECT count FROM ` + c + ` WHERE namespace = $1 AND window_size = $2 AND window_start = $3 AND key = $4`
+
+	// ctid = ANY(ARRAY(...)) plans as a TID scan; SKIP LOCKED lets several
+	// purgers split the work instead of queueing behind one another.
+	s.purgeCountersSQL = `DELETE FROM ` + c + ` WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM ` + c + ` WHERE window_start + 2 * window_size <= $1
+	LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	s.purgeBatchesSQL = `DELETE FROM ` + b + ` WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM ` + b + ` WHERE expires_at <= $1
+	LIMIT $2 FOR UPDATE SKIP LOCKED))`
+}
+
+// validText reports whether PostgreSQL can store s as text.
+func validText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+}

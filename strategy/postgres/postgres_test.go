@@ -1,0 +1,304 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/ratesync/ratelimit/strategy"
+	"github.com/ratesync/ratelimit/strategy/strategytest"
+)
+
+const dsnEnv = "RATELIMIT_TEST_POSTGRES_DSN"
+
+// base is an instant aligned to every window size the tests use.
+const base int64 = 1_700_000_040_000
+
+// testDSN returns the test server's DSN, or skips (fails under
+// RATELIMIT_TEST_REQUIRE_SERVICES=1) when there is none. It registers the
+// goroutine leak check, so call it first.
+func testDSN(t testing.TB) string {
+	t.Helper()
+	dsn := os.Getenv(dsnEnv)
+	if dsn == "" {
+		strategytest.SkipOrFail(t, dsnEnv)
+	}
+	if _, ok := t.(*testing.T); ok {
+		t.Cleanup(func() { goleak.VerifyNone(t.(*testing.T)) })
+	}
+	return dsn
+}
+
+// newPool opens a pool on dsn, closed when the test ends.
+func newPool(t testing.TB, dsn string, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	for _, f := range configure {
+		f(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// uniqueTable returns a fresh table name and drops it (and its batch table)
+// when the test ends, through admin.
+func uniqueTable(t testing.TB, admin *pgxpool.Pool) string {
+	t.Helper()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "rl_test_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := admin.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{name}.Sanitize()+`, `+pgx.Identifier{name + "_batches"}.Sanitize())
+		if err != nil {
+			t.Errorf("drop %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// newStore returns a store on pool over a fresh table unless opts names one.
+func newStore(t testing.TB, pool *pgxpool.Pool, opts Options) *Store {
+	t.Helper()
+	if opts.Table == "" {
+		opts.Table = uniqueTable(t, pool)
+	}
+	s, err := New(context.Background(), pool, opts)
+	require.NoError(t, err)
+	return s
+}
+
+func TestContract(t *testing.T) {
+	pool := newPool(t, testDSN(t))
+	strategytest.Run(t, func(t *testing.T) strategy.Strategy { return newStore(t, pool, Options{}) })
+}
+
+func id(key string, size time.Duration, start int64) strategy.CounterID {
+	return strategy.CounterID{Key: key, Size: size, Start: start}
+}
+
+func diff(key string, size time.Duration, start, delta int64) strategy.Diff {
+	return strategy.Diff{CounterID: id(key, size, start), Delta: delta}
+}
+
+// rowCount counts the rows of table whose SQL condition cond holds.
+func rowCount(t testing.TB, pool *pgxpool.Pool, table, cond string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	err := pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+` WHERE `+cond, args...).Scan(&n)
+	require.NoError(t, err)
+	return n
+}
+
+func TestOptionsValidation(t *testing.T) {
+	pool := newPool(t, testDSN(t))
+	long := string(make([]byte, 60))
+	for _, c := range []struct {
+		opts  Options
+		field string
+	}{
+		{Options{PurgeInterval: -time.Second}, "PurgeInterval"},
+		{Options{PurgeBatchSize: -1}, "PurgeBatchSize"},
+		{Options{MaxPushRows: -1}, "MaxPushRows"},
+		{Options{BatchIDRetention: -1}, "BatchIDRetention"},
+		{Options{Table: "a\x00b"}, "Table"},
+		{Options{Table: "\xff"}, "Table"},
+		{Options{Table: long}, "Table"},
+		{Options{Table: "rl_counters_long_enough_for_a_batch_suffix_to_overflow"}, "Table"},
+		{Options{Table: "t", BatchTable: "t"}, "BatchTable"},
+		{Options{Schema: "s\x00"}, "Schema"},
+	} {
+		_, err := New(context.Background(), pool, c.opts)
+		require.ErrorIs(t, err, ErrInvalidOptions, "%+v", c.opts)
+		require.Contains(t, err.Error(), c.field, "%+v", c.opts)
+	}
+	_, err := New(context.Background(), nil, Options{})
+	require.ErrorIs(t, err, ErrInvalidOptions)
+
+	o, err := Options{}.withDefaults()
+	require.NoError(t, err)
+	require.Equal(t, Options{
+		Table: DefaultTable, BatchTable: DefaultTable + "_batches",
+		PurgeInterval: DefaultPurgeInterval, PurgeBatchSize: DefaultPurgeBatchSize,
+		MaxPushRows: DefaultMaxPushRows, BatchIDRetention: DefaultBatchIDRetention, MaxRetries: DefaultMaxRetries,
+	}, o)
+	o, err = Options{MaxRetries: -1}.withDefaults()
+	require.NoError(t, err)
+	require.Zero(t, o.MaxRetries)
+}
+
+// Names are quoted, never spliced: a hostile table name is just a name.
+func TestQuotedNamesAndSchema(t *testing.T) {
+	pool := newPool(t, testDSN(t))
+	ctx := context.Background()
+	schema := uniqueTable(t, pool) + `_Sch"ema`
+	_, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := pool.Exec(context.Background(), `DROP SCHEMA `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+		require.NoError(t, err)
+	})
+	s, err := New(ctx, pool, Options{Schema: schema, Table: `Odd "name"; DROP TABLE x; --`})
+	require.NoError(t, err)
+	res, err := s.PushDiffs(ctx, &strategy.Batch{ID: "q1", Namespace: "ns", Diffs: []strategy.Diff{diff("k", time.Second, base, 3)}})
+	require.NoError(t, err)
+	require.Equal(t, []int64{3}, res.Totals)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&n))
+	require.Equal(t, 2, n)
+
+	// Existing tables: New creates nothing and succeeds again.
+	_, err = New(ctx, pool, Options{Schema: schema, Table: `Odd "name"; DROP TABLE x; --`})
+	require.NoError(t, err)
+}
+
+// Eight nodes starting together on a fresh table all succeed.
+func TestNewConcurrent(t *testing.T) {
+	pool := newPool(t, testDSN(t), func(c *pgxpool.Config) { c.MaxConns = 10 })
+	table := uniqueTable(t, pool)
+	start := make(chan struct{})
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() {
+			<-start
+			_, err := New(context.Background(), pool, Options{Table: table})
+			errs <- err
+		}()
+	}
+	close(start)
+	for range 8 {
+		require.NoError(t, <-errs)
+	}
+	require.Zero(t, rowCount(t, pool, table, "true"))
+}
+
+func TestPushErrors(t *testing.T) {
+	pool := newPool(t, testDSN(t))
+	s := newStore(t, pool, Options{})
+	ctx := context.Background()
+	one := []strategy.Diff{diff("k", time.Second, base, 1)}
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err := s.PushDiffs(cancelled, &strategy.Batch{ID: "e1", Namespace: "ns", Diffs: one})
+	require.ErrorIs(t, err, strategy.ErrNotApplied)
+	require.ErrorIs(t, err, context.Canceled)
+
+	for _, b := range []*strategy.Batch{
+		{ID: "e2", Namespace: "ns", Diffs: []strategy.Diff{diff("a\x00b", time.Second, base, 1)}},
+		{ID: "e3", Namespace: "ns\xff", Diffs: one},
+	} {
+		_, err = s.PushDiffs(ctx, b)
+		require.ErrorIs(t, err, strategy.ErrNotApplied)
+		require.ErrorIs(t, err, ErrInvalidText)
+	}
+	for _, size := range []time.Duration{0, -time.Second, 1500 * time.Microsecond} {
+		_, err = s.PushDiffs(ctx, &strategy.Batch{ID: "e4", Namespace: "ns", Diffs: []strategy.Diff{diff("k", size, base, 1)}})
+		require.ErrorIs(t, err, strategy.ErrNotApplied, "size %v", size)
+	}
+	// Counters that cannot be stored read as 0, and so do missing ones.
+	res, err := s.PushDiffs(ctx, &strategy.Batch{ID: "e5", Namespace: "ns", Reads: []strategy.CounterID{id("\x00", time.Second, base), id("k", 0, base), id("k", time.Second, base)}})
+	require.NoError(t, err)
+	require.Equal(t, []int64{0, 0, 0}, res.Reads)
+	n, err := s.GetWindow(ctx, "ns", id("\x00", time.Second, base))
+	require.NoError(t, err)
+	require.Zero(t, n)
+	for c, err := range s.GetCounters(ctx, strategy.Query{Namespace: "ns", Sizes: []time.Duration{time.Second}, Now: base, Keys: []string{"\x00"}}) {
+		require.NoError(t, err)
+		t.Fatalf("unexpected counter %v", c)
+	}
+
+	// The server refusing the statement (here: the table is gone) means the
+	// transaction rolled back: not applied.
+	_, err = pool.Exec(ctx, `DROP TABLE `+s.counters)
+	require.NoError(t, err)
+	_, err = s.PushDiffs(ctx, &strategy.Batch{ID: "e6", Namespace: "ns", Diffs: one})
+	require.ErrorIs(t, err, strategy.ErrNotApplied)
+	var pe interface{ SQLState() string }
+	require.True(t, errors.As(err, &pe))
+	require.Equal(t, "42P01", pe.SQLState())
+	_, err = s.GetWindow(ctx, "ns", id("k", time.Second, base))
+	require.Error(t, err)
+}
+
+func TestDuplicateDiffsAreMerged(t *testing.T) {
+	pool := newPool(t, testDSN(t))
+	s := newStore(t, pool, Options{})
+	res, err := s.PushDiffs(context.Background(), &strategy.Batch{ID: "d1", Namespace: "ns", Diffs: []strategy.Diff{
+		diff("k", time.Second, base, 1), diff("j", time.Second, base, 5), diff("k", time.Second, base, 2),
+	}})
+	require.NoError(t, err)
+	require.Equal(t, []int64{3, 5, 3}, res.Totals)
+}
+
+// A batch larger than MaxPushRows goes out in parts; each part is applied
+// once, and a re-sent batch completes the parts that were not.
+func TestMultiPartPush(t *testing.T) {
+	pool := newPool(t, testDSN(t))
+	s := newStore(t, pool, Options{MaxPushRows: 3})
+	ctx := context.Background()
+	var diffs []strategy.Diff
+	var reads []strategy.CounterID
+	for i := range 10 {
+		diffs = append(diffs, diff(string(rune('a'+i)), time.Minute, base, int64(i+1)))
+	}
+	for i := range 7 {
+		reads = append(reads, id(string(rune('a'+i)), time.Minute, base))
+	}
+	reads = append(reads, id("zz", time.Minute, base))
+	b := &strategy.Batch{ID: "mp", Namespace: "ns", Diffs: diffs, Reads: reads}
+	for range 2 {
+		res, err := s.PushDiffs(ctx, b)
+		require.NoError(t, err)
+		require.Equal(t, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, res.Totals)
+		require.Equal(t, []int64{1, 2, 3, 4, 5, 6, 7, 0}, res.Reads)
+	}
+	require.Equal(t, int64(4), rowCount(t, pool, s.opts.BatchTable, "id LIKE 'mp#%/4'"))
+
+	// Reads only: nothing recorded.
+	res, err := s.PushDiffs(ctx, &strategy.Batch{ID: "ro", Namespace: "ns", Reads: reads})
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 2, 3, 4, 5, 6, 7, 0}, res.Reads)
+	require.Zero(t, rowCount(t, pool, s.opts.BatchTable, "id LIKE 'ro%'"))
+}
+
+// Breaking out of GetCounters releases its connection.
+func TestGetCountersEarlyBreak(t *testing.T) {
+	pool := newPool(t, testDSN(t))
+	s := newStore(t, pool, Options{})
+	ctx := context.Background()
+	var diffs []strategy.Diff
+	for i := range 50 {
+		diffs = append(diffs, diff(string(rune('A'+i)), time.Minute, base, 1))
+	}
+	_, err := s.PushDiffs(ctx, &strategy.Batch{ID: "eb", Namespace: "ns", Diffs: diffs})
+	require.NoError(t, err)
+	n := 0
+	for _, err := range s.GetCounters(ctx, strategy.Query{Namespace: "ns", Sizes: []time.Duration{time.Minute, time.Minute}, Now: base}) {
+		require.NoError(t, err)
+		if n++; n == 3 {
+			break
+		}
+	}
+	require.Zero(t, pool.Stat().AcquiredConns())
+	// Duplicate sizes do not duplicate rows.
+	n = 0
+	for _, err := range s.GetCounters(ctx, strategy.Query{Namespace: "ns", Sizes: []time.Duration{time.Minute, time.Minute}, Now: base}) {
+		require.NoError(t, err)
+		n++
+	}
+	require.Equal(t, 50, n)
+}

@@ -1,0 +1,46 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+)
+
+// Purge deletes the counters whose window is older than the previous window at
+// now (window_start + 2*window_size <= now) and the batch IDs that expired by
+// now, in DELETE statements of at most Options.PurgeBatchSize rows that skip
+// rows another purger holds. It does real work at most once per
+// Options.PurgeInterval of now (and at once when now goes backwards by more
+// than that); other calls, including concurrent ones, return nil at once. A
+// failed purge is retried by the next call.
+func (s *Store) Purge(ctx context.Context, now int64) error {
+	interval := s.opts.PurgeInterval.Milliseconds()
+	last := s.lastPurge.Load()
+	if last != noPurge && now-last < interval && last-now < interval {
+		return nil
+	}
+	// Claim this purge; a concurrent caller that loses does nothing.
+	if !s.lastPurge.CompareAndSwap(last, now) {
+		return nil
+	}
+	if err := s.purge(ctx, now); err != nil {
+		s.lastPurge.CompareAndSwap(now, last)
+		return fmt.Errorf("postgres: purge at %d: %w", now, err)
+	}
+	return nil
+}
+
+func (s *Store) purge(ctx context.Context, now int64) error {
+	for _, sql := range []string{s.purgeCountersSQL, s.purgeBatchesSQL} {
+		for {
+			tag, err := s.pool.Exec(ctx, sql, now, s.opts.PurgeBatchSize)
+			if err != nil {
+				return err
+			}
+			// A short batch means nothing (unlocked) is left.
+			if tag.RowsAffected() < int64(s.opts.PurgeBatchSize) {
+				break
+			}
+		}
+	}
+	return nil
+}
