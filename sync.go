@@ -1,0 +1,325 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/ratesync/ratelimit/shm"
+	"github.com/ratesync/ratelimit/strategy"
+)
+
+// push is one batch sent to the store: a part per table, joined into one
+// strategy.Batch so a sync cycle is one round trip.
+type push struct {
+	parts   []shm.Batch
+	batch   strategy.Batch
+	unknown bool // an attempt's outcome was unknown: only a success settles it now
+}
+
+func (ns *Namespace) newPush() *push {
+	p := &push{parts: make([]shm.Batch, len(ns.tables))}
+	p.batch.ID, p.batch.Namespace = ns.newBatchID(), ns.name
+	return p
+}
+
+// assemble joins the parts into p.batch.
+func (p *push) assemble() {
+	if len(p.parts) == 1 {
+		p.batch.Diffs, p.batch.Reads = p.parts[0].Diffs, p.parts[0].Reads
+		return
+	}
+	p.batch.Diffs, p.batch.Reads = p.batch.Diffs[:0], p.batch.Reads[:0]
+	for i := range p.parts {
+		p.batch.Diffs = append(p.batch.Diffs, p.parts[i].Diffs...)
+		p.batch.Reads = append(p.batch.Reads, p.parts[i].Reads...)
+	}
+}
+
+func (p *push) empty() bool { return len(p.batch.Diffs) == 0 && len(p.batch.Reads) == 0 }
+
+// send makes one attempt at p and settles it when the answer is definite: on
+// success the tables learn the totals; when the store surely applied nothing
+// (and no earlier attempt had an unknown outcome) the hits go back to be merged
+// with newer ones. Otherwise p stays unsettled and must be sent again.
+func (ns *Namespace) send(ctx context.Context, p *push) error {
+	cctx, cancel := context.WithTimeout(ctx, ns.cfg.SyncTimeout)
+	res, err := ns.store.PushDiffs(cctx, &p.batch)
+	cancel()
+	if err == nil && (len(res.Totals) != len(p.batch.Diffs) || len(res.Reads) != len(p.batch.Reads)) {
+		err = fmt.Errorf("store answered %d totals and %d reads for %d diffs and %d reads",
+			len(res.Totals), len(res.Reads), len(p.batch.Diffs), len(p.batch.Reads))
+	}
+	if err == nil {
+		d, r := 0, 0
+		for i := range p.parts {
+			part := &p.parts[i]
+			nd, nr := len(part.Diffs), len(part.Reads)
+			ns.tables[i].Ack(part, strategy.Result{Totals: res.Totals[d : d+nd], Reads: res.Reads[r : r+nr]})
+			d, r = d+nd, r+nr
+		}
+		return nil
+	}
+	if !p.unknown && errors.Is(err, strategy.ErrNotApplied) {
+		for i := range p.parts {
+			ns.tables[i].Release(&p.parts[i])
+		}
+	} else {
+		p.unknown = true
+	}
+	return fmt.Errorf("%w: push %s: %w", ErrStoreUnavailable, p.batch.ID, err)
+}
+
+// keepUnresolved keeps a push whose outcome is unknown, to be re-sent before anything newer.
+func (ns *Namespace) keepUnresolved(p *push) {
+	ns.unresMu.Lock()
+	ns.unresolved = append(ns.unresolved, p)
+	ns.unresMu.Unlock()
+}
+
+func (ns *Namespace) firstUnresolved() *push {
+	ns.unresMu.Lock()
+	defer ns.unresMu.Unlock()
+	if len(ns.unresolved) == 0 {
+		return nil
+	}
+	return ns.unresolved[0]
+}
+
+func (ns *Namespace) dropUnresolved(p *push) {
+	ns.unresMu.Lock()
+	defer ns.unresMu.Unlock()
+	if i := slices.Index(ns.unresolved, p); i >= 0 {
+		ns.unresolved = slices.Delete(ns.unresolved, i, i+1)
+	}
+}
+
+// syncOnce runs one cycle: re-send the pushes whose outcome is unknown, then
+// push every hit not yet pushed (with reads of the keys this node has seen),
+// then, with FetchAll, fetch the namespace. The caller holds syncMu.
+func (ns *Namespace) syncOnce(ctx context.Context, reads bool) error {
+	now := ns.now()
+	for p := ns.firstUnresolved(); p != nil; p = ns.firstUnresolved() {
+		err := ns.send(ctx, p)
+		if err != nil && p.unknown {
+			return err // newer hits wait until this batch has a definite answer
+		}
+		ns.dropUnresolved(p)
+	}
+	p := ns.newPush()
+	for i, t := range ns.tables {
+		t.Collect(now, reads, &p.parts[i])
+	}
+	p.assemble()
+	if !p.empty() {
+		if err := ns.send(ctx, p); err != nil {
+			if p.unknown {
+				ns.keepUnresolved(p)
+			}
+			return err
+		}
+	}
+	if ns.cfg.FetchScope == FetchAll && reads {
+		if err := ns.fetchLocked(ctx, now); err != nil {
+			return err
+		}
+	}
+	if t := time.UnixMilli(now); t.Sub(ns.lastPurge) >= ns.cfg.PurgeInterval {
+		ns.lastPurge = t
+		cctx, cancel := context.WithTimeout(ctx, ns.cfg.SyncTimeout)
+		err := ns.store.Purge(cctx, now)
+		cancel()
+		if err != nil && ns.log != nil {
+			ns.log.Warn("ratelimit: purge failed", "namespace", ns.name, "error", err)
+		}
+	}
+	return nil
+}
+
+// Sync runs one sync cycle now: it re-sends pushes whose outcome is unknown,
+// pushes every hit not yet pushed, and learns the totals of the keys this node
+// has seen. It waits for a cycle already running. It does nothing in local
+// mode.
+func (ns *Namespace) Sync(ctx context.Context) error {
+	if ctx == nil {
+		return ErrNilContext
+	}
+	if ns.closed.Load() {
+		return ErrClosed
+	}
+	if ns.mode == modeLocal {
+		return nil
+	}
+	ns.syncMu.Lock()
+	defer ns.syncMu.Unlock()
+	return ns.syncOnce(ctx, true)
+}
+
+// Fetch loads from the store the current and previous window, at now, of every
+// window size, for the keys of the fetch scope. At most one fetch or sync runs
+// at a time per namespace; a second caller waits for the first. It does
+// nothing in local mode.
+func (ns *Namespace) Fetch(ctx context.Context, now time.Time) error {
+	if ctx == nil {
+		return ErrNilContext
+	}
+	if ns.closed.Load() {
+		return ErrClosed
+	}
+	if ns.mode == modeLocal {
+		return nil
+	}
+	ns.syncMu.Lock()
+	defer ns.syncMu.Unlock()
+	return ns.fetchLocked(ctx, now.UnixMilli())
+}
+
+func (ns *Namespace) fetchLocked(ctx context.Context, now int64) error {
+	q := strategy.Query{Namespace: ns.name, Sizes: ns.cfg.WindowSizes, Now: now}
+	all := ns.cfg.FetchScope == FetchAll
+	if !all {
+		q.Keys = []string{}
+		for _, t := range ns.tables {
+			q.Keys = t.Keys(now, q.Keys)
+		}
+		if len(ns.tables) > 1 {
+			slices.Sort(q.Keys)
+			q.Keys = slices.Compact(q.Keys)
+		}
+		if len(q.Keys) == 0 {
+			return nil
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, ns.cfg.SyncTimeout)
+	defer cancel()
+	for c, err := range ns.store.GetCounters(cctx, q) {
+		if err != nil {
+			return fmt.Errorf("%w: fetch: %w", ErrStoreUnavailable, err)
+		}
+		if i := slices.Index(ns.cfg.WindowSizes, c.Size); i >= 0 {
+			ns.tables[i/2].Load(c.Key, i%2, c.Start, c.Count, now, all)
+		}
+	}
+	return nil
+}
+
+// writeThrough is Increment in synchronous mode: one round trip that adds the
+// hit and reads the previous window.
+func (ns *Namespace) writeThrough(ctx context.Context, t *shm.Table, i int, key string, now, value int64) (float64, error) {
+	p := ns.newPush()
+	t.AddPending(key, i%2, now, value, &p.parts[i/2])
+	p.assemble()
+	err := ns.send(ctx, p)
+	if err != nil && p.unknown {
+		ns.keepUnresolved(p)
+	}
+	v := t.Peek(key, i%2, now)
+	return slidingRate(v.Cur, v.Prev, now, v.Start, ns.sizeMS[i]), err
+}
+
+// readThrough is SlidingWindow in synchronous mode: one round trip that reads
+// the current and previous window.
+func (ns *Namespace) readThrough(ctx context.Context, t *shm.Table, i int, key string, now int64) (float64, error) {
+	p := ns.newPush()
+	t.PeekReads(key, i%2, now, &p.parts[i/2])
+	p.assemble()
+	err := ns.send(ctx, p)
+	v := t.Peek(key, i%2, now)
+	return slidingRate(v.Cur, v.Prev, now, v.Start, ns.sizeMS[i]), err
+}
+
+// loop runs sync cycles until Close: every SyncRate, aligned to SyncRate
+// boundaries of the clock so every node fires together (in synchronous mode,
+// every RetryInterval, to push what failed to write through). The next tick is
+// armed only after a cycle ends, so a slow store never piles cycles up; while
+// the store keeps failing, the delay doubles (with jitter) up to MaxBackoff.
+func (ns *Namespace) loop() {
+	defer close(ns.loopDone)
+	interval, reads := ns.cfg.SyncRate, true
+	if ns.mode == modeSync {
+		interval, reads = ns.cfg.RetryInterval, false
+	}
+	failures := 0
+	for {
+		timer := time.NewTimer(ns.delay(interval, failures))
+		select {
+		case <-ns.done:
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+		start := time.Now()
+		ns.syncMu.Lock()
+		err := ns.syncOnce(ns.ctx, reads)
+		ns.syncMu.Unlock()
+		ns.stats.recordSync(start, err)
+		if err != nil {
+			failures++
+			ns.logFailure(failures, err)
+		} else {
+			if failures > 0 && ns.log != nil {
+				ns.log.Info("ratelimit: sync recovered", "namespace", ns.name, "failed_cycles", failures)
+			}
+			failures = 0
+		}
+	}
+}
+
+// delay returns how long to wait before the next cycle.
+func (ns *Namespace) delay(interval time.Duration, failures int) time.Duration {
+	if failures > 0 {
+		b := ns.cfg.MaxBackoff
+		if failures < 30 && interval<<failures < b {
+			b = interval << failures
+		}
+		return b/2 + rand.N(b/2+1) // jitter, so nodes do not retry in step
+	}
+	d := interval - time.Duration(ns.cfg.Clock().UnixNano()%int64(interval))
+	if d <= 0 {
+		d = interval
+	}
+	return d
+}
+
+// logFailure logs the first failing cycle of an outage and then every 10th, so
+// an outage does not flood the log.
+func (ns *Namespace) logFailure(failures int, err error) {
+	if ns.log != nil && (failures == 1 || failures%10 == 0) {
+		ns.log.Warn("ratelimit: sync failed", "namespace", ns.name, "consecutive_failures", failures, "error", err)
+	}
+}
+
+// flush pushes everything before Close returns, retrying until ctx is done
+// (or three attempts, when ctx has no deadline).
+func (ns *Namespace) flush(ctx context.Context) error {
+	ns.syncMu.Lock()
+	defer ns.syncMu.Unlock()
+	_, hasDeadline := ctx.Deadline()
+	for attempt := 1; ; attempt++ {
+		err := ns.syncOnce(ctx, false)
+		if err == nil {
+			return nil // every unresolved push settled and every hit pushed
+		}
+		if ctx.Err() != nil || (!hasDeadline && attempt >= 3) {
+			return err
+		}
+		timer := time.NewTimer(ns.delay(50*time.Millisecond, attempt))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return err
+		case <-timer.C:
+		}
+	}
+}
+
+func (ns *Namespace) pendingHits() (hits int64, retired int) {
+	for _, t := range ns.tables {
+		h, r := t.Pending()
+		hits, retired = hits+h, retired+r
+	}
+	return hits, retired
+}
