@@ -1,0 +1,224 @@
+package redis
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/ratesync/ratelimit/strategy"
+)
+
+// Defaults for the zero values of Options.
+const (
+	DefaultKeyPrefix    = "rl"
+	DefaultShards       = 64
+	DefaultBatchSize    = 10_000
+	DefaultExpiryMargin = 10 * time.Second
+
+	// MaxShards is the largest Options.Shards: Redis Cluster has 16384 slots.
+	MaxShards = 16384
+)
+
+// maxScriptCounters bounds the diffs one script call applies, so that a large
+// batch never holds Redis in one script for more than about a millisecond.
+const maxScriptCounters = 1000
+
+// Options configures a Store. The zero value of every field selects its
+// documented default. Every node that shares counters must use the same
+// KeyPrefix and Shards, or the nodes will not see each other's counters.
+type Options struct {
+	// KeyPrefix starts every key the Store writes. It must not contain '{'
+	// or '}', which Redis Cluster reads as a hash tag.
+	// Default: "rl".
+	KeyPrefix string
+
+	// Shards is the number of hashes (each with its own hash tag, hence its
+	// own Cluster slot) the counters of one namespace-window are spread over,
+	// between 1 and MaxShards. More shards spread the load of a busy window
+	// over more Cluster nodes; fewer make a sync of few keys need fewer
+	// script calls.
+	// Default: 64.
+	Shards int
+
+	// BatchSize is the largest number of counters (diffs plus reads) sent in
+	// one pipeline; a push or fetch of more is sent as several pipelines, one
+	// after another.
+	// Default: 10,000.
+	BatchSize int
+
+	// ExpiryMargin is added to twice the window size to give every hash its
+	// TTL (refreshed on every write), and so covers clock skew between nodes
+	// and late re-sends of a batch. It must not be negative.
+	// Default: 10s.
+	ExpiryMargin time.Duration
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if strings.ContainsAny(o.KeyPrefix, "{}") {
+		return o, fmt.Errorf("redis: Options.KeyPrefix %q must not contain '{' or '}'", o.KeyPrefix)
+	}
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = DefaultKeyPrefix
+	}
+	switch {
+	case o.Shards < 0 || o.Shards > MaxShards:
+		return o, fmt.Errorf("redis: Options.Shards %d is out of range [1, %d]", o.Shards, MaxShards)
+	case o.Shards == 0:
+		o.Shards = DefaultShards
+	}
+	switch {
+	case o.BatchSize < 0:
+		return o, fmt.Errorf("redis: Options.BatchSize %d is negative", o.BatchSize)
+	case o.BatchSize == 0:
+		o.BatchSize = DefaultBatchSize
+	}
+	switch {
+	case o.ExpiryMargin < 0:
+		return o, fmt.Errorf("redis: Options.ExpiryMargin %v is negative", o.ExpiryMargin)
+	case o.ExpiryMargin == 0:
+		o.ExpiryMargin = DefaultExpiryMargin
+	}
+	return o, nil
+}
+
+// rediser is the part of goredis.UniversalClient the Store uses.
+type rediser interface {
+	Pipeline() goredis.Pipeliner
+	Process(ctx context.Context, cmd goredis.Cmder) error
+	HGet(ctx context.Context, key, field string) *goredis.StringCmd
+	Time(ctx context.Context) *goredis.TimeCmd
+}
+
+// Store is a strategy.Strategy on Redis. It is safe for concurrent use; it does
+// not own the client, which the caller closes after the Store's last use.
+type Store struct {
+	client rediser
+	opts   Options
+	// noRetries is true when the client never re-sends a command, so a
+	// connection that could not be made proves nothing was sent.
+	noRetries     bool
+	scriptPerCall int
+
+	prefixes sync.Map // namespace -> []string: "<prefix>:{<namespace>.<shard>}:" per shard
+
+	// Test hooks.
+	now          func() time.Time // local clock, for Clock
+	noIdempotent bool             // apply every send, as if batch ids did not exist
+}
+
+var _ strategy.Strategy = (*Store)(nil)
+
+// New returns a Store that keeps its counters in Redis through client: a
+// *goredis.Client, a Sentinel client from goredis.NewFailoverClient or a
+// *goredis.ClusterClient. It returns an error naming the Options field that
+// is out of range.
+func New(client goredis.UniversalClient, opts Options) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redis: New: nil client")
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{client: client, opts: o, now: time.Now}
+	s.scriptPerCall = min(maxScriptCounters, o.BatchSize)
+	if c, ok := client.(*goredis.Client); ok {
+		// Options() holds normalized values: 0 means retries are disabled.
+		s.noRetries = c.Options().MaxRetries == 0
+	}
+	return s, nil
+}
+
+// Options returns the Store's options, with defaults filled in.
+func (s *Store) Options() Options { return s.opts }
+
+// shardPrefixes returns, for each shard, the key prefix of namespace ns.
+func (s *Store) shardPrefixes(ns string) []string {
+	if p, ok := s.prefixes.Load(ns); ok {
+		return p.([]string)
+	}
+	esc := escapeNamespace(ns)
+	p := make([]string, s.opts.Shards)
+	for i := range p {
+		p[i] = s.opts.KeyPrefix + ":{" + esc + "." + strconv.Itoa(i) + "}:"
+	}
+	s.prefixes.Store(ns, p)
+	return p
+}
+
+// escapeNamespace makes ns safe inside a hash tag: '{' and '}' would end or
+// restart the tag, so they (and the escape character '%') are %-escaped.
+func escapeNamespace(ns string) string {
+	if !strings.ContainsAny(ns, "{}%") {
+		return ns
+	}
+	var b strings.Builder
+	for i := 0; i < len(ns); i++ {
+		switch c := ns[i]; c {
+		case '%':
+			b.WriteString("%25")
+		case '{':
+			b.WriteString("%7B")
+		case '}':
+			b.WriteString("%7D")
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
+}
+
+// hashKey returns the name of the hash holding window w of one shard.
+func hashKey(prefix string, size time.Duration, start int64) string {
+	buf := make([]byte, 0, len(prefix)+32)
+	buf = append(buf, prefix...)
+	buf = strconv.AppendInt(buf, size.Milliseconds(), 10)
+	buf = append(buf, ':')
+	buf = strconv.AppendInt(buf, start, 10)
+	return string(buf)
+}
+
+// keyHash is a stable 64-bit hash of a counter key (FNV-1a, then a
+// splitmix64 finalizer so that both halves are well mixed): the low half
+// picks the shard, the high half the script call within a shard.
+func keyHash(key string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(key); i++ {
+		h ^= uint64(key[i])
+		h *= 1099511628211
+	}
+	h ^= h >> 30
+	h *= 0xbf58476d1ce4e5b9
+	h ^= h >> 27
+	h *= 0x94d049bb133111eb
+	h ^= h >> 31
+	return h
+}
+
+func (s *Store) shardOf(h uint64) int { return int(uint32(h) % uint32(s.opts.Shards)) }
+
+// ttl is how long a hash of the given window size lives after a write.
+func (s *Store) ttl(size time.Duration) int64 {
+	return (2*size + s.opts.ExpiryMargin).Milliseconds()
+}
+
+func checkSize(size time.Duration) error {
+	if size <= 0 || size%time.Millisecond != 0 {
+		return fmt.Errorf("window size %v is not a positive whole number of milliseconds", size)
+	}
+	return nil
+}
+
+func newBatchID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
