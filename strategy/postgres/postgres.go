@@ -148,7 +148,7 @@ type Store struct {
 	batches  string
 
 	pushSQL, pushUnguardedSQL, readSQL, getCountersSQL, getCountersKeysSQL, getWindowSQL string
-	purgeCountersSQL, purgeBatchesSQL                                                  string
+	purgeCountersSQL, purgeBatchesSQL                                                    string
 
 	// lastPurge is the now of the latest purge that did real work, or noPurge.
 	lastPurge atomic.Int64

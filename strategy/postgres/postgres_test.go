@@ -52,9 +52,10 @@ func newPool(t testing.TB, dsn string, configure ...func(*pgxpool.Config)) *pgxp
 	return pool
 }
 
-// uniqueTable returns a fresh table name and drops it (and its batch table)
-// when the test ends, through admin.
-func uniqueTable(t testing.TB, admin *pgxpool.Pool) string {
+// uniqueTable returns a fresh table name, and drops the table and its batch
+// table when the test ends, over a connection of its own (the test's pools
+// may go through a proxy that is down by then).
+func uniqueTable(t testing.TB) string {
 	t.Helper()
 	var b [6]byte
 	_, _ = rand.Read(b[:])
@@ -62,7 +63,13 @@ func uniqueTable(t testing.TB, admin *pgxpool.Pool) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, err := admin.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{name}.Sanitize()+`, `+pgx.Identifier{name + "_batches"}.Sanitize())
+		conn, err := pgx.Connect(ctx, os.Getenv(dsnEnv))
+		if err != nil {
+			t.Errorf("drop %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{name}.Sanitize()+`, `+pgx.Identifier{name + "_batches"}.Sanitize())
 		if err != nil {
 			t.Errorf("drop %s: %v", name, err)
 		}
@@ -74,7 +81,7 @@ func uniqueTable(t testing.TB, admin *pgxpool.Pool) string {
 func newStore(t testing.TB, pool *pgxpool.Pool, opts Options) *Store {
 	t.Helper()
 	if opts.Table == "" {
-		opts.Table = uniqueTable(t, pool)
+		opts.Table = uniqueTable(t)
 	}
 	s, err := New(context.Background(), pool, opts)
 	require.NoError(t, err)
@@ -144,7 +151,7 @@ func TestOptionsValidation(t *testing.T) {
 func TestQuotedNamesAndSchema(t *testing.T) {
 	pool := newPool(t, testDSN(t))
 	ctx := context.Background()
-	schema := uniqueTable(t, pool) + `_Sch"ema`
+	schema := uniqueTable(t) + `_Sch"ema`
 	_, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize())
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -168,7 +175,7 @@ func TestQuotedNamesAndSchema(t *testing.T) {
 // Eight nodes starting together on a fresh table all succeed.
 func TestNewConcurrent(t *testing.T) {
 	pool := newPool(t, testDSN(t), func(c *pgxpool.Config) { c.MaxConns = 10 })
-	table := uniqueTable(t, pool)
+	table := uniqueTable(t)
 	start := make(chan struct{})
 	errs := make(chan error, 8)
 	for range 8 {

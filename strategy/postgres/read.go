@@ -22,7 +22,9 @@ type queryer interface {
 // stops ranging.
 func (s *Store) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2[strategy.Counter, error] {
 	return func(yield func(strategy.Counter, error) bool) {
-		fail := func(err error) { yield(strategy.Counter{}, fmt.Errorf("postgres: get counters of %q: %w", q.Namespace, err)) }
+		fail := func(err error) {
+			yield(strategy.Counter{}, fmt.Errorf("postgres: get counters of %q: %w", q.Namespace, err))
+		}
 		if err := ctx.Err(); err != nil {
 			fail(err)
 			return
