@@ -2,8 +2,8 @@ package postgres
 
 import (
 	"bufio"
-	"context"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"

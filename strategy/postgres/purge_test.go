@@ -56,7 +56,8 @@ func TestPurge(t *testing.T) {
 	// At now+60s the windows ahead of base are old too.
 	require.Zero(t, rowCount(t, pool, s.opts.Table, "window_start + 2 * window_size <= $1", now+60_000))
 	require.Equal(t, int64(1), rowCount(t, pool, s.opts.Table, "true"), "only the current one-minute window")
-	require.Zero(t, rowCount(t, pool, s.opts.BatchTable, "true"))
+	require.Equal(t, int64(1), rowCount(t, pool, s.opts.BatchTable, "true"))
+	require.Equal(t, int64(1), rowCount(t, pool, s.opts.BatchTable, "id = 'keep'"), "kept while its latest window lives")
 
 	// A clock that jumps back by more than the interval purges at once.
 	_, err = s.PushDiffs(ctx, &strategy.Batch{ID: "old3", Namespace: "ns", Diffs: []strategy.Diff{diff("y", w, base-60_000, 1)}})
