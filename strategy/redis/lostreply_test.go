@@ -26,6 +26,7 @@ type replyDropper struct {
 	drop   func() bool // asked once per forwarded script call
 
 	scripts, drops atomic.Int64
+	down           atomic.Bool // close every connection at once
 
 	mu    sync.Mutex
 	conns map[net.Conn]bool
@@ -54,6 +55,21 @@ func (p *replyDropper) track(c net.Conn) bool {
 	return true
 }
 
+// setDown starts (true) or ends an outage: while down, every connection is
+// closed as soon as it is accepted; going down closes the open ones.
+func (p *replyDropper) setDown(down bool) {
+	p.down.Store(down)
+	if !down {
+		return
+	}
+	p.mu.Lock()
+	for c := range p.conns {
+		_ = c.Close()
+		delete(p.conns, c)
+	}
+	p.mu.Unlock()
+}
+
 func (p *replyDropper) close() {
 	_ = p.ln.Close()
 	p.mu.Lock()
@@ -70,6 +86,10 @@ func (p *replyDropper) accept() {
 		client, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		if p.down.Load() {
+			_ = client.Close()
+			continue
 		}
 		server, err := net.Dial("tcp", p.target)
 		if err != nil {
