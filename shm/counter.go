@@ -117,27 +117,36 @@ func (t *Table) Peek(key string, w int, now int64) View {
 	return vw
 }
 
-// AddPending is Add for a write-through: it also records v as handed to a push
-// in flight, so no sync pushes it again. Settle the push with Ack or Release
-// on a Batch holding the returned Ref and v.
-func (t *Table) AddPending(key string, w int, now, v int64) (View, Ref) {
+// AddPending is Add for a write-through: it appends to b the hit, recorded as
+// pending so no sync pushes it again, and a read of the previous window. Settle
+// b with Ack or Release.
+func (t *Table) AddPending(key string, w int, now, v int64, b *Batch) View {
 	s, e, excl := t.lock(key, now)
 	x := t.window(e, w, now)
 	p := &e.w[w]
-	ref := Ref{e: e, w: uint8(w), start: x}
+	size := t.sizeMS[w]
 	e.mu.Lock()
-	if _, ok := p.held(x, t.sizeMS[w]); !ok {
-		// Rotated past x since window() returned: count in the newest window.
-		x = p.latest.Load()
-		ref.start = x
+	if _, ok := p.held(x, size); !ok {
+		x = p.latest.Load() // rotated past x since window(): count in the newest
 	}
-	p.slot[parity(x, t.sizeMS[w])].local.Add(v)
+	p.slot[parity(x, size)].local.Add(v)
 	t.penMu.Lock()
-	t.pending[ref] += v
+	t.addDiff(b, Ref{e: e, w: uint8(w), start: x}, e.key, v)
 	t.penMu.Unlock()
 	e.mu.Unlock()
+	t.addRead(b, Ref{e: e, w: uint8(w), start: x - size}, e.key)
 	t.touch(s, e)
-	vw := View{Start: x, Cur: p.view(x, t.sizeMS[w]), Prev: p.view(x-t.sizeMS[w], t.sizeMS[w])}
+	vw := View{Start: x, Cur: p.view(x, size), Prev: p.view(x-size, size)}
 	s.unlock(excl)
-	return vw, ref
+	return vw
+}
+
+// PeekReads is Peek for a read-through: it appends to b reads of key's current
+// and previous window at now. Settle b with Ack.
+func (t *Table) PeekReads(key string, w int, now int64, b *Batch) {
+	s, e, excl := t.lock(key, now)
+	x := t.window(e, w, now)
+	t.addRead(b, Ref{e: e, w: uint8(w), start: x}, e.key)
+	t.addRead(b, Ref{e: e, w: uint8(w), start: x - t.sizeMS[w]}, e.key)
+	s.unlock(excl)
 }

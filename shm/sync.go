@@ -44,6 +44,27 @@ func (t *Table) addDiff(b *Batch, ref Ref, key string, d int64) {
 	b.DiffRefs = append(b.DiffRefs, ref)
 }
 
+func (t *Table) addRead(b *Batch, ref Ref, key string) {
+	b.Reads = append(b.Reads, t.id(ref, key))
+	b.ReadRefs = append(b.ReadRefs, ref)
+}
+
+// Keys appends to dst the keys seen (read or written) in the current or
+// previous window at now, and returns the extended slice.
+func (t *Table) Keys(now int64, dst []string) []string {
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.RLock()
+		for _, e := range s.slots {
+			if e != nil && !e.expired(t, now) {
+				dst = append(dst, e.key)
+			}
+		}
+		s.mu.RUnlock()
+	}
+	return dst
+}
+
 // Collect appends to b every hit not yet handed to a push (from dirty entries
 // and retired records) and marks it pending. With reads, it also appends a
 // read of every window, current or previous at now, of every entry it holds
@@ -125,8 +146,7 @@ func (t *Table) collectEntry(e *Entry, now int64, reads bool, b *Batch) {
 			if d := s.local.Load() - s.acked.Load() - t.pending[ref]; d != 0 {
 				t.addDiff(b, ref, e.key, d)
 			} else if reads && x >= oldest {
-				b.Reads = append(b.Reads, t.id(ref, e.key))
-				b.ReadRefs = append(b.ReadRefs, ref)
+				t.addRead(b, ref, e.key)
 			}
 		}
 	}

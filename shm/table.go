@@ -60,7 +60,8 @@ type Table struct {
 
 type shard struct {
 	mu    sync.RWMutex
-	slots []*Entry // len is a power of two, or 0
+	slots []*Entry  // len is a power of two, or 0
+	tags  []uint32 // tags[i] is slots[i].hash (never 0), or 0 for an empty slot
 	count int
 	hand  int
 
@@ -138,20 +139,32 @@ func windowStart(t, size int64) int64 {
 
 func (t *Table) shardOf(h uint64) *shard { return &t.shards[h&t.mask] }
 
+// tagOf returns the 32-bit tag of a key's hash: its high half, never 0 (0
+// marks an empty slot). The low half picks the shard.
+func tagOf(h uint64) uint32 {
+	if tag := uint32(h >> 32); tag != 0 {
+		return tag
+	}
+	return 1
+}
+
 // find returns the entry for key, or nil. The caller holds s.mu.
 func (s *shard) find(key string, h uint64) *Entry {
 	if len(s.slots) == 0 {
 		return nil
 	}
 	m := uint32(len(s.slots) - 1)
-	tag := uint32(h >> 32)
+	tag := tagOf(h)
+	// Probe the tags, which sit 16 to a cache line, and touch an entry only
+	// when its tag matches.
 	for i := tag & m; ; i = (i + 1) & m {
-		e := s.slots[i]
-		if e == nil {
+		switch s.tags[i] {
+		case 0:
 			return nil
-		}
-		if e.hash == tag && e.key == key {
-			return e
+		case tag:
+			if e := s.slots[i]; e.key == key {
+				return e
+			}
 		}
 	}
 }
@@ -191,33 +204,33 @@ func (t *Table) insert(s *shard, key string, h uint64, now int64) *Entry {
 			s.resize(max(minSlots, len(s.slots)*2))
 		}
 	}
-	e := &Entry{key: key, hash: uint32(h >> 32)}
+	e := &Entry{key: key, hash: tagOf(h)}
 	for w := range e.w {
 		e.w[w].latest.Store(noWindow)
 	}
 	m := uint32(len(s.slots) - 1)
 	i := e.hash & m
-	for s.slots[i] != nil {
+	for s.tags[i] != 0 {
 		i = (i + 1) & m
 	}
-	s.slots[i] = e
+	s.slots[i], s.tags[i] = e, e.hash
 	s.count++
 	return e
 }
 
 func (s *shard) resize(n int) {
 	old := s.slots
-	s.slots = make([]*Entry, n)
+	s.slots, s.tags = make([]*Entry, n), make([]uint32, n)
 	m := uint32(n - 1)
 	for _, e := range old {
 		if e == nil {
 			continue
 		}
 		i := e.hash & m
-		for s.slots[i] != nil {
+		for s.tags[i] != 0 {
 			i = (i + 1) & m
 		}
-		s.slots[i] = e
+		s.slots[i], s.tags[i] = e, e.hash
 	}
 }
 
@@ -225,14 +238,15 @@ func (s *shard) resize(n int) {
 // chains stay unbroken without tombstones. The caller holds s.mu for writing.
 func (s *shard) removeAt(i uint32) {
 	m := uint32(len(s.slots) - 1)
-	s.slots[i] = nil
+	s.slots[i], s.tags[i] = nil, 0
 	s.count--
-	for j := (i + 1) & m; s.slots[j] != nil; j = (j + 1) & m {
-		k := s.slots[j].hash & m // where the entry at j wants to be
+	for j := (i + 1) & m; s.tags[j] != 0; j = (j + 1) & m {
+		k := s.tags[j] & m // where the entry at j wants to be
 		// Move it into the hole at i unless its ideal slot lies cyclically
 		// in (i, j], where the hole does not break its chain.
 		if (j > i && (k <= i || k > j)) || (j < i && k <= i && k > j) {
-			s.slots[i], s.slots[j] = s.slots[j], nil
+			s.slots[i], s.tags[i] = s.slots[j], s.tags[j]
+			s.slots[j], s.tags[j] = nil, 0
 			i = j
 		}
 	}
