@@ -1,0 +1,210 @@
+package ratelimit_test
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratesync/ratelimit"
+	"github.com/ratesync/ratelimit/strategy/memory"
+)
+
+const benchKeys = 100_000
+
+var benchKeyNames = func() []string {
+	keys := make([]string, benchKeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("user:%08d", i)
+	}
+	return keys
+}()
+
+// keyPattern returns indexes into benchKeyNames: uniform, Zipf-skewed, or one hot key.
+func keyPattern(kind string) []int {
+	const n = 1 << 16
+	idx := make([]int, n)
+	rng := rand.New(rand.NewPCG(1, 2))
+	zipf := rand.NewZipf(rng, 1.1, 1, benchKeys-1)
+	for i := range idx {
+		switch kind {
+		case "uniform":
+			idx[i] = rng.IntN(benchKeys)
+		case "zipf":
+			idx[i] = int(zipf.Uint64())
+		case "hot":
+			idx[i] = 0
+		}
+	}
+	return idx
+}
+
+// baseline is the simplest sharded counter: a 64-shard map of atomics behind
+// RWMutexes, lookup plus atomic add. The library is held to at most 1.5x it.
+type baseline struct {
+	seed   maphash.Seed
+	shards [64]struct {
+		mu sync.RWMutex
+		m  map[string]*atomic.Int64
+		_  [40]byte
+	}
+}
+
+func newBaseline() *baseline {
+	b := &baseline{seed: maphash.MakeSeed()}
+	for i := range b.shards {
+		b.shards[i].m = make(map[string]*atomic.Int64)
+	}
+	for _, k := range benchKeyNames {
+		s := &b.shards[maphash.String(b.seed, k)&63]
+		s.m[k] = new(atomic.Int64)
+	}
+	return b
+}
+
+func (b *baseline) add(key string, v int64) int64 {
+	s := &b.shards[maphash.String(b.seed, key)&63]
+	s.mu.RLock()
+	c := s.m[key]
+	s.mu.RUnlock()
+	return c.Add(v)
+}
+
+func benchNamespace(b *testing.B, mode string) *ratelimit.Namespace {
+	cfg := ratelimit.Config{WindowSizes: []time.Duration{time.Second, time.Minute}, SyncRate: -1}
+	if mode == "async" {
+		// A long SyncRate keeps the loop out of the measurement; the table
+		// does the same bookkeeping (dirty lists) as with any SyncRate.
+		cfg.SyncRate, cfg.Strategy = time.Hour, memory.New()
+	}
+	reg := ratelimit.NewRegistry()
+	ns, err := reg.New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = reg.Close(context.Background()) })
+	for _, k := range benchKeyNames {
+		if _, err := ns.Increment(context.Background(), k, time.Minute, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return ns
+}
+
+func runPattern(b *testing.B, parallel bool, idx []int, op func(key string)) {
+	b.ReportAllocs()
+	b.ResetTimer()
+	if !parallel {
+		for i := 0; b.Loop(); i++ {
+			op(benchKeyNames[idx[i&(len(idx)-1)]])
+		}
+		return
+	}
+	var seed atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(seed.Add(7919))
+		for pb.Next() {
+			op(benchKeyNames[idx[i&(len(idx)-1)]])
+			i++
+		}
+	})
+}
+
+// BenchmarkIncrement measures Increment and SlidingWindow on existing keys
+// among 100,000, next to the map-plus-atomic baseline on the same keys.
+func BenchmarkIncrement(b *testing.B) {
+	ctx := context.Background()
+	for _, pattern := range []string{"uniform", "zipf", "hot"} {
+		idx := keyPattern(pattern)
+		for _, par := range []bool{false, true} {
+			run := "serial"
+			if par {
+				run = "parallel"
+			}
+			b.Run(fmt.Sprintf("baseline/%s/%s", pattern, run), func(b *testing.B) {
+				base := newBaseline()
+				runPattern(b, par, idx, func(key string) { base.add(key, 1) })
+			})
+			for _, mode := range []string{"local", "async"} {
+				b.Run(fmt.Sprintf("increment-%s/%s/%s", mode, pattern, run), func(b *testing.B) {
+					ns := benchNamespace(b, mode)
+					runPattern(b, par, idx, func(key string) {
+						if _, err := ns.Increment(ctx, key, time.Minute, 1); err != nil {
+							b.Fatal(err)
+						}
+					})
+				})
+				b.Run(fmt.Sprintf("slidingwindow-%s/%s/%s", mode, pattern, run), func(b *testing.B) {
+					ns := benchNamespace(b, mode)
+					runPattern(b, par, idx, func(key string) {
+						if _, err := ns.SlidingWindow(ctx, key, time.Minute); err != nil {
+							b.Fatal(err)
+						}
+					})
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkMemoryPerKey reports the heap bytes each tracked key costs with two
+// window sizes, over 1M keys.
+func BenchmarkMemoryPerKey(b *testing.B) {
+	const n = 1_000_000
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("user:%08d", i)
+	}
+	ctx := context.Background()
+	for b.Loop() {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		reg := ratelimit.NewRegistry()
+		ns, err := reg.New(ratelimit.Config{WindowSizes: []time.Duration{time.Second, time.Minute}, SyncRate: time.Hour, Strategy: memory.New(), MaxKeys: 2 * n})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, k := range keys {
+			_, _ = ns.Increment(ctx, k, time.Second, 1)
+			_, _ = ns.Increment(ctx, k, time.Minute, 1)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if got := ns.Stats().TrackedKeys; got != n {
+			b.Fatalf("tracked %d keys, want %d", got, n)
+		}
+		// The key strings themselves are the caller's, counted here because
+		// the table clones them.
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "bytes/key")
+		runtime.KeepAlive(keys)
+		_ = reg.Close(ctx)
+	}
+}
+
+// BenchmarkSyncCycle measures one sync cycle pushing 100,000 dirty keys to the
+// memory store.
+func BenchmarkSyncCycle(b *testing.B) {
+	ctx := context.Background()
+	ns := benchNamespace(b, "async")
+	if err := ns.Sync(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		for _, k := range benchKeyNames {
+			_, _ = ns.Increment(ctx, k, time.Minute, 1)
+		}
+		b.StartTimer()
+		if err := ns.Sync(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(benchKeys)*float64(b.N)/b.Elapsed().Seconds(), "counters/s")
+}
