@@ -35,8 +35,9 @@
 // pipeline, so a sync costs one pipelined round trip; batches of more than
 // Options.BatchSize counters are sent as several pipelines.
 //
-// Script ids are kept in Redis with the longest TTL of the windows the part
-// wrote. Scripts are sent with EVALSHA; after SCRIPT FLUSH or a restart the
+// A batch-part id lives Options.BatchIDTTL (5 minutes by default), or less
+// when every window the part wrote expires sooner: a re-send is recognised for
+// that long. Scripts are sent with EVALSHA; after SCRIPT FLUSH or a restart the
 // NOSCRIPT answers are re-sent once with EVAL, which is safe because NOSCRIPT
 // means the script did not run.
 //

@@ -187,3 +187,5 @@ func newStore(t testing.TB, c goredis.UniversalClient, opts Options) *Store {
 	require.NoError(t, err)
 	return s
 }
+
+func getenv(k string) string { return os.Getenv(k) }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -62,6 +64,9 @@ return out
 
 var script = goredis.NewScript(pushScript)
 
+// maxInFlight bounds the pipelines of one push or fetch in flight at once.
+const maxInFlight = 3
+
 type window struct {
 	size  time.Duration
 	start int64
@@ -103,6 +108,9 @@ func (p *part) window(w window) *partWindow {
 // (each diff's key hash and the number of diffs per shard), never on its
 // order, so a re-sent batch maps every diff to the same batch-part id.
 func (s *Store) plan(b *strategy.Batch) ([]part, error) {
+	if p, ok, err := s.planOneShard(b); ok || err != nil {
+		return p, err
+	}
 	shards := s.opts.Shards
 	hashes := make([]uint64, len(b.Diffs))
 	perShard := make([]int32, shards)
@@ -158,6 +166,42 @@ func (s *Store) plan(b *strategy.Batch) ([]part, error) {
 	return parts, nil
 }
 
+// planOneShard is plan for the common small batch whose counters all share
+// one hash tag (a synchronous-mode increment and its previous window): it
+// reports false when the batch is not such a batch.
+func (s *Store) planOneShard(b *strategy.Batch) ([]part, bool, error) {
+	if len(b.Diffs) == 0 || len(b.Diffs) > s.scriptPerCall || len(b.Diffs)+len(b.Reads) > 8 {
+		return nil, false, nil
+	}
+	sh := s.shardOf(keyHash(b.Diffs[0].Key))
+	for i := range b.Diffs {
+		if i > 0 && s.shardOf(keyHash(b.Diffs[i].Key)) != sh {
+			return nil, false, nil
+		}
+	}
+	for i := range b.Reads {
+		if s.shardOf(keyHash(b.Reads[i].Key)) != sh {
+			return nil, false, nil
+		}
+	}
+	p := part{shard: sh, chunks: 1, counters: len(b.Diffs) + len(b.Reads)}
+	for i := range b.Diffs {
+		if err := checkSize(b.Diffs[i].Size); err != nil {
+			return nil, false, fmt.Errorf("diff %d (key %q): %w", i, b.Diffs[i].Key, err)
+		}
+		w := p.window(window{b.Diffs[i].Size, b.Diffs[i].Start})
+		w.diffs = append(w.diffs, int32(i))
+	}
+	for i := range b.Reads {
+		if err := checkSize(b.Reads[i].Size); err != nil {
+			return nil, false, fmt.Errorf("read %d (key %q): %w", i, b.Reads[i].Key, err)
+		}
+		w := p.window(window{b.Reads[i].Size, b.Reads[i].Start})
+		w.reads = append(w.reads, int32(i))
+	}
+	return []part{p}, true, nil
+}
+
 func chunkOf(h uint64, chunks int) int { return int((h >> 32) % uint64(chunks)) }
 
 // scriptArgs returns the EVALSHA arguments of a writing part.
@@ -174,17 +218,20 @@ func (s *Store) scriptArgs(b *strategy.Batch, batchID string, prefix string, p *
 		args = append(args, hashKey(prefix, w.size, w.start))
 		idTTL = max(idTTL, s.ttl(w.size))
 	}
+	idTTL = min(idTTL, s.opts.BatchIDTTL.Milliseconds())
 	if s.noIdempotent {
 		idTTL = 0
 	}
 	args = append(args, idTTL)
 	for _, w := range p.windows {
 		args = append(args, s.ttl(w.size), len(w.diffs), len(w.reads))
+		// Pointers into the batch: go-redis writes *string and *int64
+		// without the allocation that boxing the values would cost.
 		for _, i := range w.diffs {
-			args = append(args, b.Diffs[i].Key, b.Diffs[i].Delta)
+			args = append(args, &b.Diffs[i].Key, &b.Diffs[i].Delta)
 		}
 		for _, i := range w.reads {
-			args = append(args, b.Reads[i].Key)
+			args = append(args, &b.Reads[i].Key)
 		}
 	}
 	return args
@@ -222,7 +269,7 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 				args := make([]any, 0, 2+len(idx))
 				args = append(args, "hmget", hashKey(prefix, w.size, w.start))
 				for _, j := range idx {
-					args = append(args, b.Reads[j].Key)
+					args = append(args, &b.Reads[j].Key)
 				}
 				p.gets = append(p.gets, goredis.NewSliceCmd(ctx, args...))
 			}
@@ -246,9 +293,11 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 var errRetry = errors.New("redis: re-send")
 
 // exec sends the commands of parts (only those whose err is only[0], when
-// given) in pipelines of at most BatchSize counters, and records in each
-// part's err why it was not sent. It stops at the first pipeline that failed
-// in transport, so a flaky connection does not receive more.
+// given) in pipelines of at most BatchSize counters, up to maxInFlight
+// pipelines at a time so that Redis works while this process encodes the next
+// one, and records in each part's err why it was not sent. After a pipeline
+// failed in transport it starts no more, so a flaky connection does not
+// receive more.
 func (s *Store) exec(ctx context.Context, parts []part, only ...error) {
 	var sel []int
 	for i := range parts {
@@ -270,42 +319,61 @@ func (s *Store) exec(ctx context.Context, parts []part, only ...error) {
 		}
 		return
 	}
+	// Cut sel into pipelines of at most BatchSize counters (at least one part).
+	var groups [][]int
 	for lo := 0; lo < len(sel); {
-		if err := ctx.Err(); err != nil {
-			for _, i := range sel[lo:] {
+		hi, counters := lo, 0
+		for hi < len(sel) && (hi == lo || counters+parts[sel[hi]].counters <= s.opts.BatchSize) {
+			counters += parts[sel[hi]].counters
+			hi++
+		}
+		groups = append(groups, sel[lo:hi])
+		lo = hi
+	}
+	var broken atomic.Bool
+	run := func(group []int) {
+		err := ctx.Err()
+		if err == nil && broken.Load() {
+			err = errors.New("an earlier pipeline failed")
+		}
+		if err != nil {
+			for _, i := range group {
 				parts[i].err = fmt.Errorf("not sent: %w: %w", err, strategy.ErrNotApplied)
 			}
 			return
 		}
 		pipe := s.client.Pipeline()
-		hi, counters := lo, 0
-		for hi < len(sel) && (hi == lo || counters+parts[sel[hi]].counters <= s.opts.BatchSize) {
-			p := &parts[sel[hi]]
+		for _, i := range group {
+			p := &parts[i]
 			p.err = nil
-			counters += p.counters
 			for _, c := range p.cmds {
 				_ = pipe.Process(ctx, c)
 			}
 			for _, c := range p.gets {
 				_ = pipe.Process(ctx, c)
 			}
-			hi++
 		}
 		_, _ = pipe.Exec(ctx)
-		broken := false
-		for _, i := range sel[lo:hi] {
+		for _, i := range group {
 			if err := parts[i].cmdErr(); err != nil && !isRedisError(err) {
-				broken = true
+				broken.Store(true)
 			}
-		}
-		lo = hi
-		if broken {
-			for _, i := range sel[lo:] {
-				parts[i].err = fmt.Errorf("not sent after a failed pipeline: %w", strategy.ErrNotApplied)
-			}
-			break
 		}
 	}
+	if len(groups) == 1 {
+		run(groups[0])
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(maxInFlight, len(groups)) {
+		wg.Go(func() {
+			for g := next.Add(1) - 1; g < int64(len(groups)); g = next.Add(1) - 1 {
+				run(groups[g])
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // cmdErr is the first error of the part's commands.

@@ -22,6 +22,7 @@ const (
 	DefaultShards       = 64
 	DefaultBatchSize    = 10_000
 	DefaultExpiryMargin = 10 * time.Second
+	DefaultBatchIDTTL   = 5 * time.Minute
 
 	// MaxShards is the largest Options.Shards: Redis Cluster has 16384 slots.
 	MaxShards = 16384
@@ -59,6 +60,17 @@ type Options struct {
 	// and late re-sends of a batch. It must not be negative.
 	// Default: 10s.
 	ExpiryMargin time.Duration
+
+	// BatchIDTTL is how long Redis remembers that a batch part was applied,
+	// and so how late a re-send of the batch is still recognised. Each push
+	// leaves one small key per hash tag it writes, so memory grows with
+	// pushes per second x Shards x BatchIDTTL; a part never remembers longer
+	// than its longest window's TTL, after which its counters are past
+	// reading. A re-send later than that (an outage longer than BatchIDTTL
+	// right after Redis applied a push whose reply was lost) may count that
+	// one batch twice. It must not be negative.
+	// Default: 5m.
+	BatchIDTTL time.Duration
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -85,6 +97,12 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("redis: Options.ExpiryMargin %v is negative", o.ExpiryMargin)
 	case o.ExpiryMargin == 0:
 		o.ExpiryMargin = DefaultExpiryMargin
+	}
+	switch {
+	case o.BatchIDTTL < 0:
+		return o, fmt.Errorf("redis: Options.BatchIDTTL %v is negative", o.BatchIDTTL)
+	case o.BatchIDTTL == 0:
+		o.BatchIDTTL = DefaultBatchIDTTL
 	}
 	return o, nil
 }

@@ -76,6 +76,7 @@ func TestNewValidatesOptions(t *testing.T) {
 		{Options{Shards: MaxShards + 1}, "Shards"},
 		{Options{BatchSize: -5}, "BatchSize"},
 		{Options{ExpiryMargin: -time.Second}, "ExpiryMargin"},
+		{Options{BatchIDTTL: -time.Second}, "BatchIDTTL"},
 	} {
 		_, err := New(c, tc.opts)
 		require.ErrorContains(t, err, "Options."+tc.field, "%+v", tc.opts)
@@ -85,7 +86,8 @@ func TestNewValidatesOptions(t *testing.T) {
 
 	s, err := New(c, Options{})
 	require.NoError(t, err)
-	require.Equal(t, Options{KeyPrefix: DefaultKeyPrefix, Shards: DefaultShards, BatchSize: DefaultBatchSize, ExpiryMargin: DefaultExpiryMargin}, s.Options())
+	require.Equal(t, Options{KeyPrefix: DefaultKeyPrefix, Shards: DefaultShards, BatchSize: DefaultBatchSize,
+		ExpiryMargin: DefaultExpiryMargin, BatchIDTTL: DefaultBatchIDTTL}, s.Options())
 }
 
 func TestKeyLayout(t *testing.T) {
@@ -297,7 +299,9 @@ func testTTL(t *testing.T, c goredis.UniversalClient) {
 		require.NoError(t, err)
 		require.Positive(t, pttl, k)
 		if strings.Contains(k, ":b:") {
-			require.Greater(t, pttl, 2*time.Hour, k) // as long as the longest window of the part
+			// BatchIDTTL (5m), as the part's longest window lives longer.
+			require.Greater(t, pttl, 4*time.Minute, k)
+			require.LessOrEqual(t, pttl, 5*time.Minute, k)
 			continue
 		}
 		var size, start int64
@@ -307,6 +311,24 @@ func testTTL(t *testing.T, c goredis.UniversalClient) {
 		require.GreaterOrEqual(t, pttl, min, k)
 		require.LessOrEqual(t, pttl, min+time.Second, k)
 	}
+
+	// A part whose windows all expire sooner than BatchIDTTL keeps its id
+	// only as long as they live.
+	short := &strategy.Batch{ID: batchID(t), Namespace: "ttl-short",
+		Diffs: []strategy.Diff{diff("k", 250*time.Millisecond, base, 1), diff("k", time.Second, base, 1)}}
+	_, err = s.PushDiffs(ctx, short)
+	require.NoError(t, err)
+	ids := 0
+	for _, k := range scanKeys(t, c, s.opts.KeyPrefix) {
+		if strings.Contains(k, ":{ttl-short.") && strings.Contains(k, ":b:") {
+			ids++
+			pttl, err := c.PTTL(ctx, k).Result()
+			require.NoError(t, err)
+			require.Positive(t, pttl, k)
+			require.LessOrEqual(t, pttl, 2*time.Second+time.Second, k)
+		}
+	}
+	require.Equal(t, 1, ids)
 }
 
 func TestTTLMiniredis(t *testing.T) {
