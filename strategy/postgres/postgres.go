@@ -9,12 +9,11 @@
 //	CREATE TABLE rl_counters (
 //	    namespace    text COLLATE "C" NOT NULL,
 //	    key          text COLLATE "C" NOT NULL,
-//	    window_size  bigint NOT NULL,  -- milliseconds, > 0
-//	    window_start bigint NOT NULL,  -- Unix milliseconds
+//	    window_size  bigint NOT NULL CHECK (window_size > 0),  -- milliseconds
+//	    window_start bigint NOT NULL,                          -- Unix milliseconds
 //	    count        bigint NOT NULL,
-//	    PRIMARY KEY (namespace, window_size, window_start, key)
+//	    PRIMARY KEY (window_size, window_start, namespace, key)
 //	) WITH (fillfactor = 80);
-//	CREATE INDEX rl_counters_expiry_idx ON rl_counters ((window_start + 2 * window_size));
 //
 //	CREATE TABLE rl_counters_batches (
 //	    id         text COLLATE "C" PRIMARY KEY,
@@ -22,10 +21,13 @@
 //	);
 //	CREATE INDEX rl_counters_batches_expiry_idx ON rl_counters_batches (expires_at);
 //
-// The primary key serves GetCounters (one index range per namespace, size and
-// window start, narrowed by key when the fetch scope is "seen"); the expiry
-// indexes serve Purge. The fill factor leaves room on each page so that the
-// frequent count updates can be HOT updates.
+// The primary key is the only index on the counters, so an upsert maintains
+// one index. It serves GetCounters (one range per window size and start,
+// narrowed by namespace and, when the fetch scope is "seen", by key) and
+// Purge (per window size, the starts up to now - 2*size; the few distinct
+// sizes are found by skipping through the index). The fill factor leaves room
+// on each page so that count updates can be HOT updates. The "C" collation
+// makes key comparisons byte-wise, as in Go.
 //
 // # Pushes
 //
@@ -84,7 +86,8 @@ const (
 	DefaultTable            = "rl_counters"
 	DefaultPurgeInterval    = time.Minute
 	DefaultPurgeBatchSize   = 5000
-	DefaultMaxPushRows      = 25000
+	DefaultMaxPushRows      = 10000
+	DefaultPushConcurrency  = 2
 	DefaultBatchIDRetention = time.Minute
 	DefaultMaxRetries       = 2
 )
@@ -108,10 +111,11 @@ type Options struct {
 	// connection's search_path. The schema must exist.
 	Schema string
 	// Table is the counters table. Default "rl_counters". Names are quoted,
-	// hence case-sensitive, and must be at most 63 bytes together with the
-	// index suffix "_expiry_idx".
+	// hence case-sensitive, and at most 63 bytes long.
 	Table string
-	// BatchTable records the IDs of applied batches. Default Table + "_batches".
+	// BatchTable records the IDs of applied batches. Default Table +
+	// "_batches". At most 52 bytes, to leave room for its index's suffix
+	// "_expiry_idx".
 	BatchTable string
 
 	// PurgeInterval is the least time, measured on the now passed to Purge,
@@ -124,14 +128,23 @@ type Options struct {
 
 	// MaxPushRows is the most diffs (and, separately, reads) sent in one
 	// statement; a larger batch is sent as several statements, each applied
-	// exactly once under an ID derived from the batch ID. Default 25000.
+	// exactly once under an ID derived from the batch ID. Default 10000.
 	MaxPushRows int
+	// PushConcurrency is how many statements of one push run at once, each
+	// on its own pooled connection. Default 2; 1 sends them one by one.
+	PushConcurrency int
 	// BatchIDRetention is how long a batch ID is kept after the end of the
 	// latest window its batch touched (start + 2*size), as a margin for clocks
 	// that disagree between nodes. A batch re-sent after its ID was purged is
 	// applied again, but only to windows that are themselves purged. Default
 	// 1 minute.
 	BatchIDRetention time.Duration
+	// Unlogged creates the counters table UNLOGGED (when New creates it):
+	// writes skip the write-ahead log and are markedly cheaper, but a server
+	// crash empties the table, so every limit restarts from zero, and the
+	// counters are not replicated to standbys. The batch table stays logged.
+	// Default false.
+	Unlogged bool
 	// MaxRetries is how many times a push statement is re-sent at once, under
 	// the same ID, after the connection broke or the server reported a
 	// serialization failure or a deadlock. Default 2; negative means never.
@@ -148,7 +161,7 @@ type Store struct {
 	batches  string
 
 	pushSQL, pushUnguardedSQL, readSQL, getCountersSQL, getCountersKeysSQL, getWindowSQL string
-	purgeCountersSQL, purgeBatchesSQL                                                    string
+	purgeSizesSQL, purgeCountersSQL, purgeBatchesSQL                                     string
 
 	// lastPurge is the now of the latest purge that did real work, or noPurge.
 	lastPurge atomic.Int64
@@ -204,7 +217,7 @@ func (o Options) withDefaults() (Options, error) {
 			return bad("Schema", "%v", err)
 		}
 	}
-	if err := checkIdent(o.Table, expirySuffix); err != nil {
+	if err := checkIdent(o.Table, ""); err != nil {
 		return bad("Table", "%v", err)
 	}
 	if err := checkIdent(o.BatchTable, expirySuffix); err != nil {
@@ -230,6 +243,12 @@ func (o Options) withDefaults() (Options, error) {
 		return bad("MaxPushRows", "negative (%d)", o.MaxPushRows)
 	case o.MaxPushRows == 0:
 		o.MaxPushRows = DefaultMaxPushRows
+	}
+	switch {
+	case o.PushConcurrency < 0:
+		return bad("PushConcurrency", "negative (%d)", o.PushConcurrency)
+	case o.PushConcurrency == 0:
+		o.PushConcurrency = DefaultPushConcurrency
 	}
 	switch {
 	case o.BatchIDRetention < 0:
@@ -281,18 +300,20 @@ func (s *Store) createSchema(ctx context.Context) error {
 	h.Write([]byte("github.com/ratesync/ratelimit/strategy/postgres\x00" + s.counters + "\x00" + s.batches))
 	lockKey := int64(h.Sum64())
 
-	counterIdx := pgx.Identifier{s.opts.Table + expirySuffix}.Sanitize()
+	unlogged := ""
+	if s.opts.Unlogged {
+		unlogged = "UNLOGGED "
+	}
 	batchIdx := pgx.Identifier{s.opts.BatchTable + expirySuffix}.Sanitize()
 	ddl := []string{
-		`CREATE TABLE IF NOT EXISTS ` + s.counters + ` (
+		`CREATE ` + unlogged + `TABLE IF NOT EXISTS ` + s.counters + ` (
 			namespace    text COLLATE "C" NOT NULL,
 			key          text COLLATE "C" NOT NULL,
 			window_size  bigint NOT NULL CHECK (window_size > 0),
 			window_start bigint NOT NULL,
 			count        bigint NOT NULL,
-			PRIMARY KEY (namespace, window_size, window_start, key)
+			PRIMARY KEY (window_size, window_start, namespace, key)
 		) WITH (fillfactor = 80)`,
-		`CREATE INDEX IF NOT EXISTS ` + counterIdx + ` ON ` + s.counters + ` ((window_start + 2 * window_size))`,
 		`CREATE TABLE IF NOT EXISTS ` + s.batches + ` (
 			id         text COLLATE "C" PRIMARY KEY,
 			expires_at bigint NOT NULL
@@ -320,30 +341,30 @@ func (s *Store) buildSQL() {
 	c, b := s.counters, s.batches
 	// $1 batch ID, $2 its expiry, $3 namespace, $4-$7 diffs sorted by
 	// identity, $8-$10 reads. The upsert runs only when the batch ID was new
-	// (EXISTS over the RETURNING of the insert). Totals come from RETURNING
-	// (the row version this statement wrote); reads of counters this
-	// statement did not write come from the table.
+	// (EXISTS over the RETURNING of its insert). The arrays are unnested in
+	// the select list (a streaming ProjectSet, in array order, with no
+	// materialisation and no join that could reorder rows), so the upsert
+	// locks rows in the global order that prevents deadlocks; it returns
+	// the new totals in that order with their identity, which the client
+	// checks. Each read is one primary-key lookup (a scalar subquery, whatever
+	// the planner thinks of the table's size).
 	const push = `WITH b AS (
 	%[2]s
-), d AS (
-	SELECT * FROM unnest($4::text[], $5::bigint[], $6::bigint[], $7::bigint[]) WITH ORDINALITY
-		AS d(key, window_size, window_start, delta, ord)
 ), up AS (
 	INSERT INTO %[1]s AS t (namespace, key, window_size, window_start, count)
-	SELECT $3, d.key, d.window_size, d.window_start, d.delta FROM d
+	SELECT $3, unnest($4::text[]), unnest($5::bigint[]), unnest($6::bigint[]), unnest($7::bigint[])
 	WHERE %[3]s
-	ORDER BY d.ord
-	ON CONFLICT (namespace, window_size, window_start, key)
+	ON CONFLICT (window_size, window_start, namespace, key)
 	DO UPDATE SET count = t.count + EXCLUDED.count
 	RETURNING t.key, t.window_size, t.window_start, t.count
 )
-SELECT false, d.ord, up.count
-FROM d JOIN up ON up.key = d.key AND up.window_size = d.window_size AND up.window_start = d.window_start
+SELECT key, window_size, window_start, count FROM up
 UNION ALL
-SELECT true, r.ord, COALESCE(up.count, c.count, 0)
-FROM unnest($8::text[], $9::bigint[], $10::bigint[]) WITH ORDINALITY AS r(key, window_size, window_start, ord)
-LEFT JOIN up ON up.key = r.key AND up.window_size = r.window_size AND up.window_start = r.window_start
-LEFT JOIN %[1]s c ON c.namespace = $3 AND c.key = r.key AND c.window_size = r.window_size AND c.window_start = r.window_start`
+SELECT NULL, NULL, r.ord, COALESCE((
+	SELECT count FROM %[1]s
+	WHERE window_size = r.window_size AND window_start = r.window_start AND namespace = $3 AND key = r.key), 0)
+FROM (SELECT unnest($8::text[]) AS key, unnest($9::bigint[]) AS window_size, unnest($10::bigint[]) AS window_start,
+	generate_series(1, cardinality($8::text[])) AS ord) r`
 	s.pushSQL = fmt.Sprintf(push, c,
 		`INSERT INTO `+b+` (id, expires_at) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING RETURNING 1`,
 		`EXISTS (SELECT 1 FROM b)`)
@@ -351,24 +372,32 @@ LEFT JOIN %[1]s c ON c.namespace = $3 AND c.key = r.key AND c.window_size = r.wi
 	// without an ID, and for the test that proves the guard matters.
 	s.pushUnguardedSQL = fmt.Sprintf(push, c, `SELECT $1::text, $2::bigint`, `true`)
 
-	s.readSQL = `SELECT r.ord, COALESCE(c.count, 0)
-FROM unnest($2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY AS r(key, window_size, window_start, ord)
-LEFT JOIN ` + c + ` c ON c.namespace = $1 AND c.key = r.key AND c.window_size = r.window_size AND c.window_start = r.window_start`
+	s.readSQL = `SELECT r.ord, COALESCE((
+	SELECT count FROM ` + c + `
+	WHERE window_size = r.window_size AND window_start = r.window_start AND namespace = $1 AND key = r.key), 0)
+FROM (SELECT unnest($2::text[]) AS key, unnest($3::bigint[]) AS window_size, unnest($4::bigint[]) AS window_start,
+	generate_series(1, cardinality($2::text[])) AS ord) r`
 
 	// One primary-key range per (size, start) pair.
 	const get = `SELECT c.key, c.window_size, c.window_start, c.count
 FROM unnest($2::bigint[], $3::bigint[]) AS w(window_size, window_start)
-JOIN %s c ON c.namespace = $1 AND c.window_size = w.window_size AND c.window_start = w.window_start`
+JOIN %s c ON c.window_size = w.window_size AND c.window_start = w.window_start AND c.namespace = $1`
 	s.getCountersSQL = fmt.Sprintf(get, c)
 	s.getCountersKeysSQL = fmt.Sprintf(get, c) + ` AND c.key = ANY($4::text[])`
 
-	s.getWindowSQL = `SELECT count FROM ` + c + ` WHERE namespace = $1 AND window_size = $2 AND window_start = $3 AND key = $4`
+	s.getWindowSQL = `SELECT count FROM ` + c + ` WHERE window_size = $1 AND window_start = $2 AND namespace = $3 AND key = $4`
 
+	// The distinct window sizes, by skipping through the primary key.
+	s.purgeSizesSQL = `WITH RECURSIVE s(size) AS (
+	SELECT min(window_size) FROM ` + c + `
+	UNION ALL
+	SELECT (SELECT min(window_size) FROM ` + c + ` WHERE window_size > s.size) FROM s WHERE s.size IS NOT NULL
+) SELECT size FROM s WHERE size IS NOT NULL`
 	// ctid = ANY(ARRAY(...)) plans as a TID scan; SKIP LOCKED lets several
 	// purgers split the work instead of queueing behind one another.
 	s.purgeCountersSQL = `DELETE FROM ` + c + ` WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM ` + c + ` WHERE window_start + 2 * window_size <= $1
-	LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	SELECT ctid FROM ` + c + ` WHERE window_size = $1 AND window_start <= $2
+	LIMIT $3 FOR UPDATE SKIP LOCKED))`
 	s.purgeBatchesSQL = `DELETE FROM ` + b + ` WHERE ctid = ANY(ARRAY(
 	SELECT ctid FROM ` + b + ` WHERE expires_at <= $1
 	LIMIT $2 FOR UPDATE SKIP LOCKED))`

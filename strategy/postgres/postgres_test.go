@@ -121,6 +121,7 @@ func TestOptionsValidation(t *testing.T) {
 		{Options{PurgeBatchSize: -1}, "PurgeBatchSize"},
 		{Options{MaxPushRows: -1}, "MaxPushRows"},
 		{Options{BatchIDRetention: -1}, "BatchIDRetention"},
+		{Options{PushConcurrency: -1}, "PushConcurrency"},
 		{Options{Table: "a\x00b"}, "Table"},
 		{Options{Table: "\xff"}, "Table"},
 		{Options{Table: long}, "Table"},
@@ -140,7 +141,7 @@ func TestOptionsValidation(t *testing.T) {
 	require.Equal(t, Options{
 		Table: DefaultTable, BatchTable: DefaultTable + "_batches",
 		PurgeInterval: DefaultPurgeInterval, PurgeBatchSize: DefaultPurgeBatchSize,
-		MaxPushRows: DefaultMaxPushRows, BatchIDRetention: DefaultBatchIDRetention, MaxRetries: DefaultMaxRetries,
+		MaxPushRows: DefaultMaxPushRows, PushConcurrency: DefaultPushConcurrency, BatchIDRetention: DefaultBatchIDRetention, MaxRetries: DefaultMaxRetries,
 	}, o)
 	o, err = Options{MaxRetries: -1}.withDefaults()
 	require.NoError(t, err)

@@ -30,17 +30,42 @@ func (s *Store) Purge(ctx context.Context, now int64) error {
 }
 
 func (s *Store) purge(ctx context.Context, now int64) error {
-	for _, sql := range []string{s.purgeCountersSQL, s.purgeBatchesSQL} {
-		for {
-			tag, err := s.pool.Exec(ctx, sql, now, s.opts.PurgeBatchSize)
-			if err != nil {
-				return err
-			}
-			// A short batch means nothing (unlocked) is left.
-			if tag.RowsAffected() < int64(s.opts.PurgeBatchSize) {
-				break
-			}
+	var sizes []int64
+	r, err := s.pool.Query(ctx, s.purgeSizesSQL)
+	if err != nil {
+		return err
+	}
+	for r.Next() {
+		var size int64
+		if err := r.Scan(&size); err != nil {
+			r.Close()
+			return err
+		}
+		sizes = append(sizes, size)
+	}
+	if err := r.Err(); err != nil {
+		return err
+	}
+	for _, size := range sizes {
+		// start + 2*size <= now, as a range on the primary key.
+		if err := s.deleteAll(ctx, s.purgeCountersSQL, size, now-2*size); err != nil {
+			return err
 		}
 	}
-	return nil
+	return s.deleteAll(ctx, s.purgeBatchesSQL, now)
+}
+
+// deleteAll runs a bounded DELETE (its last argument is the bound) until one
+// removes fewer rows than the bound: nothing unlocked is left.
+func (s *Store) deleteAll(ctx context.Context, sql string, args ...any) error {
+	args = append(args, s.opts.PurgeBatchSize)
+	for {
+		tag, err := s.pool.Exec(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() < int64(s.opts.PurgeBatchSize) {
+			return nil
+		}
+	}
 }

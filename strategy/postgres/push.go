@@ -3,12 +3,16 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ratesync/ratelimit/strategy"
@@ -40,6 +44,9 @@ type plan struct {
 	perm, first []int32
 	reads       rows
 	readIdx     []int32 // reads row r answers Reads[readIdx[r]]
+	// Reads of counters the batch also changes are answered from the
+	// totals: Reads[r.read] = total of diffs row r.diff.
+	readDiffs []struct{ read, diff int32 }
 }
 
 // PushDiffs applies b.Diffs exactly once per b.ID and reads b.Reads, in one
@@ -58,7 +65,16 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 	n := s.opts.MaxPushRows
 	diffParts := (p.diffs.len() + n - 1) / n
 	parts := max(diffParts, (p.reads.len()+n-1)/n)
-	for i := range parts {
+	type outcome struct {
+		done, maybeApplied bool
+		err                error
+	}
+	out := make([]outcome, parts)
+	var failed atomic.Bool
+	run := func(i int) {
+		if failed.Load() {
+			return // not sent: the batch fails anyway, and a re-send completes it
+		}
 		dlo, dhi := min(i*n, p.diffs.len()), min((i+1)*n, p.diffs.len())
 		rlo, rhi := min(i*n, p.reads.len()), min((i+1)*n, p.reads.len())
 		id := b.ID
@@ -67,17 +83,55 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 			// parts already applied and completes the others.
 			id = b.ID + "#" + strconv.Itoa(i) + "/" + strconv.Itoa(diffParts)
 		}
-		maybeApplied, err := s.pushPart(ctx, b.Namespace, id, b.ID != "", p, dlo, dhi, rlo, rhi, &res)
-		if err != nil {
-			err = fmt.Errorf("postgres: push %q (part %d of %d): %w", b.ID, i+1, parts, err)
-			if !maybeApplied && dlo == 0 {
-				// Nothing of this batch can have been written.
-				return strategy.Result{}, fmt.Errorf("%w: %w", err, strategy.ErrNotApplied)
-			}
-			return strategy.Result{}, err
+		o := &out[i]
+		o.maybeApplied, o.err = s.pushPart(ctx, b.Namespace, id, b.ID != "", p, dlo, dhi, rlo, rhi, &res)
+		o.done = o.err == nil
+		if o.err != nil {
+			failed.Store(true)
+		}
+		if dhi > dlo && o.done {
+			o.maybeApplied = true
 		}
 	}
-	return res, nil
+	if workers := min(s.opts.PushConcurrency, parts); workers <= 1 {
+		for i := range parts {
+			run(i)
+		}
+	} else {
+		// Parts hold disjoint counters and each locks its rows in the
+		// global order, so running them at once cannot deadlock; they
+		// write disjoint entries of res.
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for i := int(next.Add(1) - 1); i < parts; i = int(next.Add(1) - 1) {
+					run(i)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	var firstErr error
+	maybeApplied := false
+	for i, o := range out {
+		maybeApplied = maybeApplied || o.maybeApplied
+		if o.err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("postgres: push %q (part %d of %d): %w", b.ID, i+1, parts, o.err)
+		}
+	}
+	switch {
+	case firstErr == nil:
+		for _, rd := range p.readDiffs {
+			res.Reads[rd.read] = res.Totals[p.perm[p.first[rd.diff]]]
+		}
+		return res, nil
+	case !maybeApplied:
+		// Nothing of this batch can have been written.
+		return strategy.Result{}, fmt.Errorf("%w: %w", firstErr, strategy.ErrNotApplied)
+	default:
+		return strategy.Result{}, firstErr
+	}
 }
 
 func makePlan(b *strategy.Batch) (*plan, error) {
@@ -120,15 +174,31 @@ func makePlan(b *strategy.Batch) (*plan, error) {
 	}
 	p.first = append(p.first, int32(n))
 
+	rperm := make([]int32, 0, len(b.Reads))
 	for i, r := range b.Reads {
 		// A counter PostgreSQL cannot hold reads as 0 without asking.
-		if !validText(r.Key) || r.Size <= 0 {
+		if validText(r.Key) && r.Size > 0 {
+			rperm = append(rperm, int32(i))
+		}
+	}
+	// Sorted like the diffs: the lookups walk the primary key in order, and
+	// one merge pass finds the reads of counters the batch changes (the
+	// statement reads its snapshot, from before its own writes).
+	slices.SortFunc(rperm, func(i, j int32) int { return compareID(&b.Reads[i], &b.Reads[j]) })
+	u := 0
+	for _, i := range rperm {
+		r := &b.Reads[i]
+		for u < len(p.first)-1 && compareID(&b.Diffs[p.perm[p.first[u]]].CounterID, r) < 0 {
+			u++
+		}
+		if u < len(p.first)-1 && compareID(&b.Diffs[p.perm[p.first[u]]].CounterID, r) == 0 {
+			p.readDiffs = append(p.readDiffs, struct{ read, diff int32 }{i, int32(u)})
 			continue
 		}
 		p.reads.keys = append(p.reads.keys, r.Key)
 		p.reads.sizes = append(p.reads.sizes, r.Size.Milliseconds())
 		p.reads.starts = append(p.reads.starts, r.Start)
-		p.readIdx = append(p.readIdx, int32(i))
+		p.readIdx = append(p.readIdx, i)
 	}
 	return p, nil
 }
@@ -200,37 +270,63 @@ func (s *Store) execPart(ctx context.Context, ns, id string, hasID bool, expires
 	if err != nil {
 		return err
 	}
-	var (
-		isRead bool
-		ord    int64
-		count  int64
-		totals int
-	)
+	// Raw values: no allocation per row, and the identity check below
+	// compares bytes in place.
+	fd := r.FieldDescriptions()
+	totals, mismatch := 0, false
 	for r.Next() {
-		if err := r.Scan(&isRead, &ord, &count); err != nil {
+		v := r.RawValues()
+		a, err1 := int8Value(fd[2], v[2])
+		count, err2 := int8Value(fd[3], v[3])
+		if err := errors.Join(err1, err2); err != nil {
 			r.Close()
 			return err
 		}
-		if !isRead {
-			totals++
+		if v[0] == nil { // a read: column 3 is its ordinal
+			set(true, int(a-1), count)
+			continue
 		}
-		set(isRead, int(ord-1), count)
+		i := totals
+		totals++
+		size, err := int8Value(fd[1], v[1])
+		if err != nil {
+			r.Close()
+			return err
+		}
+		if i >= diffs.len() || string(v[0]) != diffs.keys[i] || size != diffs.sizes[i] || a != diffs.starts[i] {
+			mismatch = true
+			continue
+		}
+		set(false, i, count)
 	}
 	if err := r.Err(); err != nil {
 		return err
 	}
-	switch totals {
-	case diffs.len():
-		return nil
-	case 0:
+	switch {
+	case totals == 0:
 		// The ID was already recorded: the batch was applied before (its
 		// reply was lost). Answer with current totals, read in a new
 		// statement so that its snapshot includes a first attempt that was
 		// still committing when this one started.
 		return s.read(ctx, conn, ns, reads, diffs, set)
-	default:
-		return fmt.Errorf("push returned %d totals for %d counters", totals, diffs.len())
+	case totals != diffs.len() || mismatch:
+		// The server returned the upserted rows in another order than it
+		// processed them (it does not today). The batch is applied; answer
+		// with the current totals.
+		return s.read(ctx, conn, ns, rows{}, diffs, set)
 	}
+	return nil
+}
+
+// int8Value decodes a bigint result column in either wire format.
+func int8Value(fd pgconn.FieldDescription, v []byte) (int64, error) {
+	if fd.Format == pgx.BinaryFormatCode {
+		if len(v) != 8 {
+			return 0, fmt.Errorf("bigint column %s: %d bytes", fd.Name, len(v))
+		}
+		return int64(binary.BigEndian.Uint64(v)), nil
+	}
+	return strconv.ParseInt(string(v), 10, 64)
 }
 
 // read answers reads and then the counters of diffs (without changing them).

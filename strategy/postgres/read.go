@@ -95,7 +95,7 @@ func (s *Store) GetWindow(ctx context.Context, namespace string, id strategy.Cou
 		return 0, nil
 	}
 	var n int64
-	err := s.pool.QueryRow(ctx, s.getWindowSQL, namespace, id.Size.Milliseconds(), id.Start, id.Key).Scan(&n)
+	err := s.pool.QueryRow(ctx, s.getWindowSQL, id.Size.Milliseconds(), id.Start, namespace, id.Key).Scan(&n)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}

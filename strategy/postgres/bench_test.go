@@ -1,0 +1,61 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratesync/ratelimit/strategy"
+)
+
+// BenchmarkPushDiffs100k pushes one sync cycle of 100,000 dirty keys, each
+// with its previous window read in the same push, against the server of
+// RATELIMIT_TEST_POSTGRES_DSN. "insert" creates every counter (a new window
+// each iteration), "update" adds to existing counters.
+//
+//	go test -run '^$' -bench PushDiffs100k -benchtime=3x ./strategy/postgres/
+func BenchmarkPushDiffs100k(b *testing.B) {
+	const n = 100_000
+	pool := newPool(b, testDSN(b))
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("user-%08d", i)
+	}
+	for _, mode := range []string{"insert", "update"} {
+		b.Run(mode, func(b *testing.B) {
+			s := newStore(b, pool, Options{})
+			ctx := context.Background()
+			batch := func(i int) *strategy.Batch {
+				start := base
+				if mode == "insert" {
+					start += int64(i) * 60_000
+				}
+				diffs := make([]strategy.Diff, n)
+				reads := make([]strategy.CounterID, n)
+				for j, k := range keys {
+					diffs[j] = diff(k, time.Minute, start, 1)
+					reads[j] = id(k, time.Minute, start-60_000)
+				}
+				return &strategy.Batch{ID: fmt.Sprintf("bench-%s-%d", mode, i), Namespace: "bench", Diffs: diffs, Reads: reads}
+			}
+			if mode == "update" {
+				_, err := s.PushDiffs(ctx, batch(-1))
+				require.NoError(b, err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				bt := batch(i)
+				b.StartTimer()
+				if _, err := s.PushDiffs(ctx, bt); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "counters/s")
+		})
+	}
+}
