@@ -189,3 +189,16 @@ func newStore(t testing.TB, c goredis.UniversalClient, opts Options) *Store {
 }
 
 func getenv(k string) string { return os.Getenv(k) }
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+// TestMain silences go-redis's log (the fault tests make it report hundreds
+// of broken connections) unless RATELIMIT_TEST_REDIS_LOG=1.
+func TestMain(m *testing.M) {
+	if os.Getenv("RATELIMIT_TEST_REDIS_LOG") != "1" {
+		goredis.SetLogger(quietLogger{})
+	}
+	os.Exit(m.Run())
+}

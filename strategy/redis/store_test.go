@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -218,20 +219,24 @@ func TestClusterSpread(t *testing.T) {
 		require.Equal(t, int64(1), n)
 	}
 	slots := map[int64]bool{}
-	masters := 0
-	var keys []string
+	var (
+		mu      sync.Mutex // ForEachMaster calls fn concurrently
+		masters int
+		keys    []string
+	)
 	require.NoError(t, c.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error {
 		ks, err := n.Keys(ctx, s.opts.KeyPrefix+":*").Result()
 		if err != nil {
 			return err
 		}
+		mu.Lock()
+		defer mu.Unlock()
 		if len(ks) > 0 {
 			masters++
 		}
 		keys = append(keys, ks...)
 		return nil
 	}))
-	// ForEachMaster runs concurrently: count after it returns.
 	for _, k := range keys {
 		slot, err := c.ClusterKeySlot(ctx, k).Result()
 		require.NoError(t, err)
