@@ -48,6 +48,7 @@ type Namespace struct {
 	// re-sent unchanged before any newer hit is pushed.
 	unresMu    sync.Mutex
 	unresolved []*push
+	spare      *push // a settled cycle's push, reused for its buffers (under syncMu)
 
 	stats stats
 
@@ -79,7 +80,7 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 	perTable := cfg.MaxKeys
 	for i := 0; i < len(cfg.WindowSizes); i += 2 {
 		sizes := cfg.WindowSizes[i:min(i+2, len(cfg.WindowSizes))]
-		t, err := shm.New(shm.Options{Sizes: sizes, MaxKeys: perTable, Track: ns.mode != modeLocal})
+		t, err := shm.New(shm.Options{Sizes: sizes, MaxKeys: perTable, Track: ns.mode != modeLocal, WriteThrough: ns.mode == modeSync})
 		if err != nil {
 			return nil, fmt.Errorf("%w: WindowSizes: %w", ErrInvalidConfig, err)
 		}

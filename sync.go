@@ -109,7 +109,16 @@ func (ns *Namespace) syncOnce(ctx context.Context, reads bool) error {
 		}
 		ns.dropUnresolved(p)
 	}
-	p := ns.newPush()
+	p := ns.spare
+	ns.spare = nil
+	if p == nil {
+		p = ns.newPush()
+	} else {
+		p.batch.ID, p.unknown = ns.newBatchID(), false
+		for i := range p.parts {
+			p.parts[i].Reset()
+		}
+	}
 	for i, t := range ns.tables {
 		t.Collect(now, reads, &p.parts[i])
 	}
@@ -118,10 +127,13 @@ func (ns *Namespace) syncOnce(ctx context.Context, reads bool) error {
 		if err := ns.send(ctx, p); err != nil {
 			if p.unknown {
 				ns.keepUnresolved(p)
+			} else {
+				ns.spare = p
 			}
 			return err
 		}
 	}
+	ns.spare = p
 	if ns.cfg.FetchScope == FetchAll && reads {
 		if err := ns.fetchLocked(ctx, now); err != nil {
 			return err

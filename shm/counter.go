@@ -117,7 +117,7 @@ func (t *Table) Peek(key string, w int, now int64) View {
 	return vw
 }
 
-// AddPending is Add for a write-through: it appends to b the hit, recorded as
+// AddPending is Add for a write-through (the table needs WriteThrough): it appends to b the hit, recorded as
 // pending so no sync pushes it again, and a read of the previous window. Settle
 // b with Ack or Release.
 func (t *Table) AddPending(key string, w int, now, v int64, b *Batch) View {
@@ -130,9 +130,7 @@ func (t *Table) AddPending(key string, w int, now, v int64, b *Batch) View {
 		x = p.latest.Load() // rotated past x since window(): count in the newest
 	}
 	p.slot[parity(x, size)].local.Add(v)
-	t.penMu.Lock()
 	t.addDiff(b, Ref{e: e, w: uint8(w), start: x}, e.key, v)
-	t.penMu.Unlock()
 	e.mu.Unlock()
 	t.addRead(b, Ref{e: e, w: uint8(w), start: x - size}, e.key)
 	t.touch(s, e)

@@ -37,11 +37,40 @@ func (t *Table) id(ref Ref, key string) strategy.CounterID {
 }
 
 // addDiff appends the unconfirmed, not yet pending part d of ref to b and
-// records it as pending. The caller holds penMu.
+// records it as pending.
 func (t *Table) addDiff(b *Batch, ref Ref, key string, d int64) {
-	t.pending[ref] += d
+	if t.wt {
+		t.penMu.Lock()
+		t.pending[ref] += d
+		t.penMu.Unlock()
+	}
 	b.Diffs = append(b.Diffs, strategy.Diff{CounterID: t.id(ref, key), Delta: d})
 	b.DiffRefs = append(b.DiffRefs, ref)
+}
+
+// pend returns the hits of ref handed to pushes still in flight (always 0
+// without WriteThrough: then every push is settled before the next Collect).
+func (t *Table) pend(ref Ref) int64 {
+	if !t.wt {
+		return 0
+	}
+	t.penMu.Lock()
+	defer t.penMu.Unlock()
+	return t.pending[ref]
+}
+
+// unpend removes d from ref's pending amount.
+func (t *Table) unpend(ref Ref, d int64) {
+	if !t.wt {
+		return
+	}
+	t.penMu.Lock()
+	defer t.penMu.Unlock()
+	if n := t.pending[ref] - d; n != 0 {
+		t.pending[ref] = n
+	} else {
+		delete(t.pending, ref)
+	}
 }
 
 func (t *Table) addRead(b *Batch, ref Ref, key string) {
@@ -71,15 +100,14 @@ func (t *Table) Keys(now int64, dst []string) []string {
 // that has no diff: the keys this node has seen. Settle b with Ack or Release.
 func (t *Table) Collect(now int64, reads bool, b *Batch) {
 	t.retMu.Lock()
-	t.penMu.Lock()
 	for ref, r := range t.retired {
-		if d := r.local - r.acked - t.pending[ref]; d != 0 {
+		pending := t.pend(ref)
+		if d := r.local - r.acked - pending; d != 0 {
 			t.addDiff(b, ref, r.key, d)
-		} else if t.pending[ref] == 0 {
+		} else if pending == 0 {
 			delete(t.retired, ref) // confirmed in full
 		}
 	}
-	t.penMu.Unlock()
 	t.retMu.Unlock()
 
 	for i := range t.shards {
@@ -130,8 +158,6 @@ func (t *Table) collectEntry(e *Entry, now int64, reads bool, b *Batch) {
 	if e.flags.Load()&flagDead != 0 {
 		return // its hits were retired; Collect pushes them from there
 	}
-	t.penMu.Lock()
-	defer t.penMu.Unlock()
 	for w := range t.n {
 		p := &e.w[w]
 		lat := p.latest.Load()
@@ -143,7 +169,7 @@ func (t *Table) collectEntry(e *Entry, now int64, reads bool, b *Batch) {
 		for _, x := range [2]int64{lat, lat - size} {
 			ref := Ref{e: e, w: uint8(w), start: x}
 			s := &p.slot[parity(x, size)]
-			if d := s.local.Load() - s.acked.Load() - t.pending[ref]; d != 0 {
+			if d := s.local.Load() - s.acked.Load() - t.pend(ref); d != 0 {
 				t.addDiff(b, ref, e.key, d)
 			} else if reads && x >= oldest {
 				t.addRead(b, ref, e.key)
@@ -165,37 +191,25 @@ func (t *Table) Ack(b *Batch, res strategy.Result) {
 
 func (t *Table) ack(ref Ref, d, total int64) {
 	e := ref.e
+	// e.mu makes the pending and acked changes one step for collectEntry.
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.flags.Load()&flagDead == 0 {
 		if s, ok := e.w[ref.w].held(ref.start, t.sizeMS[ref.w]); ok {
-			t.penMu.Lock()
 			t.unpend(ref, d)
 			s.acked.Add(d)
-			t.penMu.Unlock()
 			s.synced.Store(total)
 			return
 		}
 	}
 	t.retMu.Lock()
-	t.penMu.Lock()
+	defer t.retMu.Unlock()
 	t.unpend(ref, d)
 	if r := t.retired[ref]; r != nil {
 		r.acked += d
-		if r.acked == r.local && t.pending[ref] == 0 {
+		if r.acked == r.local && t.pend(ref) == 0 {
 			delete(t.retired, ref)
 		}
-	}
-	t.penMu.Unlock()
-	t.retMu.Unlock()
-}
-
-// unpend removes d from ref's pending amount. The caller holds penMu.
-func (t *Table) unpend(ref Ref, d int64) {
-	if n := t.pending[ref] - d; n != 0 {
-		t.pending[ref] = n
-	} else {
-		delete(t.pending, ref)
 	}
 }
 
@@ -216,9 +230,7 @@ func (t *Table) Release(b *Batch) {
 	for i, ref := range b.DiffRefs {
 		e := ref.e
 		e.mu.Lock()
-		t.penMu.Lock()
 		t.unpend(ref, b.Diffs[i].Delta)
-		t.penMu.Unlock()
 		e.mu.Unlock()
 		if e.flags.Load()&(flagDead|flagDirty) == 0 {
 			t.remark(e)

@@ -36,6 +36,11 @@ type Options struct {
 	// records for unconfirmed hits of rotated or evicted windows. Without it
 	// (local-only mode) old windows are simply dropped.
 	Track bool
+	// WriteThrough records, per counter, the hits handed to pushes still in
+	// flight, so that Collect can run while write-throughs (AddPending) are
+	// unsettled. Without it, the caller must settle every Batch before the
+	// next Collect, as a single sync loop does.
+	WriteThrough bool
 }
 
 // Table is a sharded counter table. Its methods are safe for concurrent use.
@@ -44,6 +49,7 @@ type Table struct {
 	sizes    [2]time.Duration
 	sizeMS   [2]int64
 	track    bool
+	wt       bool
 	seed     maphash.Seed
 	shards   []shard
 	shardCap int
@@ -84,7 +90,7 @@ func New(opts Options) (*Table, error) {
 	if len(opts.Sizes) < 1 || len(opts.Sizes) > 2 {
 		return nil, errors.Join(ErrConfig, errors.New("shm: a table holds one or two window sizes"))
 	}
-	t := &Table{n: len(opts.Sizes), track: opts.Track, seed: maphash.MakeSeed(),
+	t := &Table{n: len(opts.Sizes), track: opts.Track || opts.WriteThrough, wt: opts.WriteThrough, seed: maphash.MakeSeed(),
 		retired: make(map[Ref]*retired), pending: make(map[Ref]int64)}
 	for i, s := range opts.Sizes {
 		if s <= 0 || s%time.Millisecond != 0 {

@@ -134,7 +134,7 @@ func TestTableMatchesModel(t *testing.T) {
 }
 
 func TestAddExistingKeyAllocatesNothing(t *testing.T) {
-	tb := newTable(t, Options{Sizes: []time.Duration{time.Second, time.Minute}, Track: true})
+	tb := newTable(t, Options{Sizes: []time.Duration{time.Second, time.Minute}, Track: true, WriteThrough: true})
 	now := int64(1_000_000)
 	tb.Add("k", 0, now, 1)
 	tb.Add("k", 1, now, 1)
@@ -195,7 +195,8 @@ func settle(t testing.TB, tb *Table, st *memory.Store, b *Batch, id string) {
 func TestNoHitLostOrDoubled(t *testing.T) {
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		tb := newTable(t, Options{Sizes: []time.Duration{50 * time.Millisecond, 200 * time.Millisecond}, MaxKeys: 16, Track: true})
+		// Odd seeds also keep the per-counter pending bookkeeping.
+		tb := newTable(t, Options{Sizes: []time.Duration{50 * time.Millisecond, 200 * time.Millisecond}, MaxKeys: 16, Track: true, WriteThrough: seed%2 == 1})
 		st := memory.New()
 		st.SetFaults(func(memory.Op) memory.Fault { return memory.Fault(rng.IntN(4)) })
 		want := map[strategy.CounterID]int64{}

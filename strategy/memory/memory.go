@@ -12,6 +12,7 @@ import (
 	"iter"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ratesync/ratelimit/strategy"
 )
@@ -47,15 +48,20 @@ const (
 // ErrInjected is the error an injected fault returns.
 var ErrInjected = errors.New("memory: injected fault")
 
-type counterKey struct {
-	namespace string
-	strategy.CounterID
+// window names a window of one size; a namespace maps windows to their counters.
+type window struct {
+	size  time.Duration
+	start int64
 }
+
+type windows map[window]map[string]int64
 
 // Store is an in-process central store. The zero value is not usable; call New.
 type Store struct {
-	mu       sync.Mutex
-	counters map[counterKey]int64
+	mu sync.Mutex
+	// counters[namespace][window][key] is a counter's total. Nesting keeps a
+	// push to hashing each key once, and lets Purge drop whole windows.
+	counters map[string]windows
 	// applied maps a batch ID to the end of the latest window it touched, so
 	// Purge can forget IDs whose windows are gone.
 	applied map[string]int64
@@ -66,7 +72,7 @@ type Store struct {
 
 // New returns an empty Store, safe for concurrent use.
 func New() *Store {
-	return &Store{counters: make(map[counterKey]int64), applied: make(map[string]int64)}
+	return &Store{counters: make(map[string]windows), applied: make(map[string]int64)}
 }
 
 var _ strategy.Strategy = (*Store)(nil)
@@ -111,20 +117,35 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 	res := strategy.Result{Totals: make([]int64, len(b.Diffs)), Reads: make([]int64, len(b.Reads))}
 	s.mu.Lock()
 	_, seen := s.applied[b.ID]
+	ws := s.counters[b.Namespace]
+	if ws == nil {
+		ws = make(windows)
+		s.counters[b.Namespace] = ws
+	}
 	var end int64
+	var last window
+	var keys map[string]int64
 	for i, d := range b.Diffs {
-		k := counterKey{b.Namespace, d.CounterID}
-		if !seen {
-			s.counters[k] += d.Delta
+		if w := (window{d.Size, d.Start}); keys == nil || w != last {
+			last, keys = w, ws[w]
+			if keys == nil {
+				keys = make(map[string]int64)
+				ws[w] = keys
+			}
 		}
-		res.Totals[i] = s.counters[k]
+		n := keys[d.Key]
+		if !seen {
+			n += d.Delta
+			keys[d.Key] = n
+		}
+		res.Totals[i] = n
 		end = max(end, d.Start+2*d.Size.Milliseconds())
 	}
 	if !seen && b.ID != "" {
 		s.applied[b.ID] = end
 	}
 	for i, id := range b.Reads {
-		res.Reads[i] = s.counters[counterKey{b.Namespace, id}]
+		res.Reads[i] = ws[window{id.Size, id.Start}][id.Key]
 	}
 	s.mu.Unlock()
 	if f == LoseReply {
@@ -146,22 +167,24 @@ func (s *Store) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2[str
 		}
 		var out []strategy.Counter
 		s.mu.Lock()
-		if q.Keys != nil {
-			for _, key := range q.Keys {
-				for _, size := range q.Sizes {
-					cur := strategy.WindowStart(q.Now, size)
-					for _, start := range [2]int64{cur, cur - size.Milliseconds()} {
-						id := strategy.CounterID{Key: key, Size: size, Start: start}
-						if n, ok := s.counters[counterKey{q.Namespace, id}]; ok {
-							out = append(out, strategy.Counter{CounterID: id, Count: n})
-						}
-					}
+		ws := s.counters[q.Namespace]
+		for _, size := range q.Sizes {
+			cur := strategy.WindowStart(q.Now, size)
+			for _, start := range [2]int64{cur, cur - size.Milliseconds()} {
+				keys := ws[window{size, start}]
+				add := func(key string, n int64) {
+					out = append(out, strategy.Counter{CounterID: strategy.CounterID{Key: key, Size: size, Start: start}, Count: n})
 				}
-			}
-		} else {
-			for k, n := range s.counters {
-				if k.namespace == q.Namespace && inWindows(k.CounterID, q) {
-					out = append(out, strategy.Counter{CounterID: k.CounterID, Count: n})
+				if q.Keys == nil {
+					for key, n := range keys {
+						add(key, n)
+					}
+					continue
+				}
+				for _, key := range q.Keys {
+					if n, ok := keys[key]; ok {
+						add(key, n)
+					}
 				}
 			}
 		}
@@ -174,19 +197,6 @@ func (s *Store) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2[str
 	}
 }
 
-func inWindows(id strategy.CounterID, q strategy.Query) bool {
-	for _, size := range q.Sizes {
-		if id.Size != size {
-			continue
-		}
-		cur := strategy.WindowStart(q.Now, size)
-		if id.Start == cur || id.Start == cur-size.Milliseconds() {
-			return true
-		}
-	}
-	return false
-}
-
 // GetWindow returns one counter's total.
 func (s *Store) GetWindow(ctx context.Context, namespace string, id strategy.CounterID) (int64, error) {
 	if err := ctx.Err(); err != nil {
@@ -197,7 +207,7 @@ func (s *Store) GetWindow(ctx context.Context, namespace string, id strategy.Cou
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.counters[counterKey{namespace, id}], nil
+	return s.counters[namespace][window{id.Size, id.Start}][id.Key], nil
 }
 
 // Purge removes counters older than the previous window at now, and forgets
@@ -211,9 +221,14 @@ func (s *Store) Purge(ctx context.Context, now int64) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for k := range s.counters {
-		if k.Start+2*k.Size.Milliseconds() <= now {
-			delete(s.counters, k)
+	for ns, ws := range s.counters {
+		for w := range ws {
+			if w.start+2*w.size.Milliseconds() <= now {
+				delete(ws, w)
+			}
+		}
+		if len(ws) == 0 {
+			delete(s.counters, ns)
 		}
 	}
 	for id, end := range s.applied {
@@ -228,5 +243,11 @@ func (s *Store) Purge(ctx context.Context, now int64) error {
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.counters)
+	n := 0
+	for _, ws := range s.counters {
+		for _, keys := range ws {
+			n += len(keys)
+		}
+	}
+	return n
 }
