@@ -66,7 +66,7 @@ type Table struct {
 
 type shard struct {
 	mu    sync.RWMutex
-	slots []*Entry  // len is a power of two, or 0
+	slots []*Entry // len is a power of two, or 0
 	tags  []uint32 // tags[i] is slots[i].hash (never 0), or 0 for an empty slot
 	count int
 	hand  int
