@@ -141,6 +141,31 @@ func (ns *Namespace) Peek(ctx context.Context, key string, cost int64, limits ..
 	return ns.decide(ctx, key, cost, limits, false)
 }
 
+// Refund takes back a cost that Allow counted for key, for a request that was
+// not served after all (it failed, or a fail-closed route refused it): it
+// subtracts cost from the current window of each distinct window of limits.
+// It never waits for the store: outside local mode the correction is pushed
+// with the next sync (in synchronous mode, by the retry loop, within
+// RetryInterval). It returns the argument errors Allow returns.
+func (ns *Namespace) Refund(ctx context.Context, key string, cost int64, limits ...Limit) error {
+	var buf [maxInlineLimits]lstate
+	st := buf[:0]
+	if len(limits) > len(buf) {
+		st = make([]lstate, 0, len(limits))
+	}
+	key, st, err := ns.resolve(ctx, key, cost, limits, st)
+	if err != nil || cost == 0 {
+		return err
+	}
+	now := ns.now()
+	for j := range st {
+		if st[j].owner == j {
+			st[j].t.Add(key, st[j].w, now, -cost)
+		}
+	}
+	return nil
+}
+
 func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits []Limit, count bool) (Decision, error) {
 	var buf [maxInlineLimits]lstate
 	st := buf[:0]
@@ -298,21 +323,9 @@ func (ns *Namespace) resolve(ctx context.Context, key string, cost int64, limits
 		return "", nil, fmt.Errorf("%w: %d is negative", ErrInvalidCost, cost)
 	}
 	for j, l := range limits {
-		if l.Max <= 0 || l.Max > MaxValue {
-			return "", nil, fmt.Errorf("%w: %s: Max %d is not in 1..2^53", ErrInvalidLimit, l.PolicyName(), l.Max)
-		}
-		if cost > l.Max {
-			return "", nil, fmt.Errorf("%w: %d exceeds %s's Max %d: it could never be admitted", ErrInvalidCost, cost, l.PolicyName(), l.Max)
-		}
-		i := -1
-		for k, w := range ns.cfg.WindowSizes {
-			if w == l.Window {
-				i = k
-				break
-			}
-		}
-		if i < 0 {
-			return "", nil, fmt.Errorf("%w: %v (namespace %q has %v)", ErrUnknownWindow, l.Window, ns.name, ns.cfg.WindowSizes)
+		i, err := ns.checkLimit(cost, l)
+		if err != nil {
+			return "", nil, err
 		}
 		owner := j
 		for k := range j {
@@ -330,6 +343,41 @@ func (ns *Namespace) resolve(ctx context.Context, key string, cost int64, limits
 		key = hashKey(key)
 	}
 	return key, st, nil
+}
+
+// checkLimit validates one limit for a request of cost and returns the index
+// of its window.
+func (ns *Namespace) checkLimit(cost int64, l Limit) (int, error) {
+	if l.Max <= 0 || l.Max > MaxValue {
+		return 0, fmt.Errorf("%w: %s: Max %d is not in 1..2^53", ErrInvalidLimit, l.PolicyName(), l.Max)
+	}
+	if cost > l.Max {
+		return 0, fmt.Errorf("%w: %d exceeds %s's Max %d: it could never be admitted", ErrInvalidCost, cost, l.PolicyName(), l.Max)
+	}
+	for k, w := range ns.cfg.WindowSizes {
+		if w == l.Window {
+			return k, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: %v (namespace %q has %v)", ErrUnknownWindow, l.Window, ns.name, ns.cfg.WindowSizes)
+}
+
+// CheckLimits reports whether Allow would accept cost and limits: the errors
+// Allow returns for them (ErrInvalidCost, ErrInvalidLimit, ErrUnknownWindow),
+// without touching any counter. Use it to validate a configuration once.
+func (ns *Namespace) CheckLimits(cost int64, limits ...Limit) error {
+	if len(limits) == 0 {
+		return fmt.Errorf("%w: no limits", ErrInvalidLimit)
+	}
+	if cost < 0 {
+		return fmt.Errorf("%w: %d is negative", ErrInvalidCost, cost)
+	}
+	for _, l := range limits {
+		if _, err := ns.checkLimit(cost, l); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // admits reports whether every limit admits a request of cost at now. When

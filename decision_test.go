@@ -752,3 +752,38 @@ func BenchmarkAllow(b *testing.B) {
 		}
 	}
 }
+
+func TestRefund(t *testing.T) {
+	for _, mode := range decModes {
+		t.Run(mode, func(t *testing.T) {
+			clk := newDecClock(decEpoch)
+			ns, store := newDecNS(t, mode, clk, time.Second, time.Minute)
+			ctx := context.Background()
+			ls := []ratelimit.Limit{{Window: time.Second, Max: 5}, {Window: time.Minute, Max: 3}, {Window: time.Minute, Max: 10}}
+			for range 3 {
+				d, err := ns.Allow(ctx, "k", 1, ls...)
+				require.NoError(t, err)
+				require.True(t, d.Allowed)
+			}
+			var pushes int64
+			if store != nil {
+				pushes = store.Pushes()
+			}
+			require.NoError(t, ns.Refund(ctx, "k", 2, ls...))
+			if store != nil {
+				require.Equal(t, pushes, store.Pushes(), "Refund never waits for the store")
+			}
+			for _, w := range []time.Duration{time.Second, time.Minute} {
+				rate, err := ns.SlidingWindow(ctx, "k", w)
+				require.NoError(t, err)
+				require.Equal(t, 1.0, rate, "window %v: refunded once per window", w)
+			}
+			require.NoError(t, ns.Sync(ctx))
+			rate, err := ns.SlidingWindow(ctx, "k", time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, 1.0, rate)
+			require.ErrorIs(t, ns.Refund(ctx, "k", -1, ls...), ratelimit.ErrInvalidCost)
+			require.ErrorIs(t, ns.Refund(ctx, "", 1, ls...), ratelimit.ErrInvalidKey)
+		})
+	}
+}

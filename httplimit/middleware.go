@@ -1,0 +1,419 @@
+package httplimit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/dunglas/httpsfv"
+
+	"github.com/ratesync/ratelimit"
+)
+
+// Options configure the middleware. The zero value of every field but
+// Namespace is a documented default.
+type Options struct {
+	// Namespace counts the hits. Its WindowSizes must include every limit's
+	// Window. Required.
+	Namespace *ratelimit.Namespace
+
+	// Limits hold requests that match no Rule. Empty: such requests pass
+	// unlimited and get no rate-limit headers.
+	Limits []ratelimit.Limit
+	// KeyFunc identifies the client of requests that match no Rule, and of
+	// rules without their own. Default: KeyByIP(IPOptions{}), the peer's
+	// address (no proxy trusted).
+	KeyFunc KeyFunc
+	// Cost is what one request spends, here and in rules without their own.
+	// Default 1.
+	Cost int64
+	// FailClosed rejects, with 503 Service Unavailable, the requests matching
+	// no Rule whose decision was degraded (the store failed). Default: fail
+	// open, that is, decide from this node's own counts, which only ever
+	// admits more than the cluster-wide counts would.
+	FailClosed bool
+
+	// Rules give routes their own limits, key and failure mode. A request is
+	// matched against the patterns as http.ServeMux matches them (Go 1.22
+	// syntax: "[METHOD ][HOST]/[PATH]" with {wildcards}; the most specific
+	// wins); one matching no rule uses the fields above. Each rule counts in
+	// its own counters, even when its limits equal another's.
+	Rules []Rule
+
+	// LegacyHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset (Unix seconds) to the IETF fields.
+	LegacyHeaders bool
+	// HideHeaders sends none of the rate-limit headers (RateLimit,
+	// RateLimit-Policy, the legacy ones, RateLimit-Degraded). A 429 keeps its
+	// Retry-After.
+	HideHeaders bool
+	// RetryJitter adds a random delay, up to RetryJitter, to the Retry-After
+	// of a 429, so that clients rejected together do not come back together.
+	// Default 0: Retry-After is the true wait, rounded up to whole seconds.
+	RetryJitter time.Duration
+
+	// KeyErrorStatus answers requests whose key cannot be found (the key
+	// function failed or returned "" or a key holding a NUL byte). A 4xx or
+	// 5xx status other than 429: a client without a key has not exceeded
+	// anything. Default 400 Bad Request.
+	KeyErrorStatus int
+
+	// Logger receives a line when decisions are degraded (the store failed)
+	// and when Allow fails, at most one per LogInterval with a count of the
+	// lines skipped. Default slog.Default().
+	Logger *slog.Logger
+	// LogInterval spaces the log lines. Default 10 s.
+	LogInterval time.Duration
+	// Clock gives the time for X-RateLimit-Reset. Default time.Now.
+	Clock func() time.Time
+}
+
+// Rule is a per-route policy.
+type Rule struct {
+	// Pattern is an http.ServeMux pattern, for example "POST /orders" or
+	// "GET /items/{id}". Required; two rules may not have equal patterns.
+	Pattern string
+	// Limits hold the route. Empty: the route is exempt (health checks).
+	Limits []ratelimit.Limit
+	// KeyFunc identifies the client. Default Options.KeyFunc.
+	KeyFunc KeyFunc
+	// Cost is what one request spends. Default Options.Cost.
+	Cost int64
+	// FailClosed: see Options.FailClosed. Rules do not inherit it.
+	FailClosed bool
+}
+
+// rule is a Rule compiled for serving.
+type rule struct {
+	pattern    string
+	prefix     string // prepended to keys so each rule has its own counters
+	limits     []ratelimit.Limit
+	keyFunc    KeyFunc
+	cost       int64
+	failClosed bool
+	policy     string   // the RateLimit-Policy value
+	names      []string // per limit: its name as a structured-field string
+	maxes      []string // per limit: Max, for X-RateLimit-Limit
+}
+
+// core is the compiled configuration, shared by every handler New's
+// function wraps.
+type core struct {
+	ns        *ratelimit.Namespace
+	def       *rule
+	rules     []*rule
+	mux       *http.ServeMux // matches Rules; nil without rules
+	legacy    bool
+	hide      bool
+	jitter    time.Duration
+	keyStatus int
+	log       *slog.Logger
+	logEvery  int64 // ns
+	lastLog   atomic.Int64
+	skipped   atomic.Int64
+	clock     func() time.Time
+}
+
+type middleware struct {
+	*core
+	next http.Handler
+}
+
+// ruleHandler marks a rule's pattern in the matching mux.
+type ruleHandler int
+
+func (ruleHandler) ServeHTTP(http.ResponseWriter, *http.Request) {}
+
+// New returns the middleware described by opts, or an error naming the field
+// that is invalid.
+func New(opts Options) (func(http.Handler) http.Handler, error) {
+	m := &core{ns: opts.Namespace, legacy: opts.LegacyHeaders, hide: opts.HideHeaders,
+		jitter: opts.RetryJitter, keyStatus: opts.KeyErrorStatus, log: opts.Logger, clock: opts.Clock}
+	if m.ns == nil {
+		return nil, errors.New("httplimit: Options.Namespace is required")
+	}
+	if opts.KeyFunc == nil {
+		opts.KeyFunc = KeyByIP(IPOptions{})
+	}
+	if opts.Cost == 0 {
+		opts.Cost = 1
+	}
+	if m.keyStatus == 0 {
+		m.keyStatus = http.StatusBadRequest
+	}
+	if m.keyStatus < 400 || m.keyStatus > 599 || m.keyStatus == http.StatusTooManyRequests {
+		return nil, fmt.Errorf("httplimit: Options.KeyErrorStatus %d is not a 4xx or 5xx status other than 429", m.keyStatus)
+	}
+	if m.jitter < 0 {
+		return nil, errors.New("httplimit: Options.RetryJitter must not be negative")
+	}
+	if m.log == nil {
+		m.log = slog.Default()
+	}
+	if opts.LogInterval < 0 {
+		return nil, errors.New("httplimit: Options.LogInterval must not be negative")
+	}
+	if opts.LogInterval == 0 {
+		opts.LogInterval = 10 * time.Second
+	}
+	m.logEvery = int64(opts.LogInterval)
+	if m.clock == nil {
+		m.clock = time.Now
+	}
+	var err error
+	if m.def, err = m.compile("Options", Rule{Limits: opts.Limits, KeyFunc: opts.KeyFunc, Cost: opts.Cost, FailClosed: opts.FailClosed}); err != nil {
+		return nil, err
+	}
+	if len(opts.Rules) > 0 {
+		m.mux = http.NewServeMux()
+	}
+	for i, r := range opts.Rules {
+		field := fmt.Sprintf("Options.Rules[%d] (%q)", i, r.Pattern)
+		if r.Pattern == "" {
+			return nil, fmt.Errorf("httplimit: %s: Pattern is required", field)
+		}
+		if r.KeyFunc == nil {
+			r.KeyFunc = opts.KeyFunc
+		}
+		if r.Cost == 0 {
+			r.Cost = opts.Cost
+		}
+		c, err := m.compile(field, r)
+		if err != nil {
+			return nil, err
+		}
+		c.pattern, c.prefix = r.Pattern, r.Pattern+"\x00"
+		if err := register(m.mux, r.Pattern, ruleHandler(i)); err != nil {
+			return nil, fmt.Errorf("httplimit: %s: %w", field, err)
+		}
+		m.rules = append(m.rules, c)
+	}
+	return func(next http.Handler) http.Handler {
+		return &middleware{core: m, next: next}
+	}, nil
+}
+
+// register adds a pattern to mux, turning ServeMux's panic on a bad or
+// conflicting pattern into an error.
+func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%v", p)
+		}
+	}()
+	mux.Handle(pattern, h)
+	return nil
+}
+
+func (m *core) compile(field string, r Rule) (*rule, error) {
+	if r.Cost < 0 {
+		return nil, fmt.Errorf("httplimit: %s: Cost %d is negative", field, r.Cost)
+	}
+	c := &rule{limits: append([]ratelimit.Limit(nil), r.Limits...), keyFunc: r.KeyFunc, cost: r.Cost, failClosed: r.FailClosed}
+	if len(c.limits) == 0 {
+		return c, nil
+	}
+	if err := m.ns.CheckLimits(r.Cost, c.limits...); err != nil {
+		return nil, fmt.Errorf("httplimit: %s: Limits: %w", field, err)
+	}
+	policy := make(httpsfv.List, 0, len(c.limits))
+	for _, l := range c.limits {
+		name := l.PolicyName()
+		item := httpsfv.NewItem(name)
+		s, err := httpsfv.Marshal(item)
+		if err != nil {
+			return nil, fmt.Errorf("httplimit: %s: policy name %q: %w", field, name, err)
+		}
+		c.names = append(c.names, s)
+		c.maxes = append(c.maxes, strconv.FormatInt(l.Max, 10))
+		item.Params.Add("q", min(l.Max, maxSFInteger))
+		item.Params.Add("w", windowSeconds(l.Window))
+		policy = append(policy, item)
+	}
+	s, err := httpsfv.Marshal(policy)
+	if err != nil {
+		return nil, fmt.Errorf("httplimit: %s: RateLimit-Policy: %w", field, err)
+	}
+	c.policy = s
+	return c, nil
+}
+
+// maxSFInteger is the largest structured-field integer (RFC 9651: 15 digits).
+const maxSFInteger = 999_999_999_999_999
+
+// windowSeconds is a window in whole seconds, rounded up, at least 1: the
+// w parameter has no finer unit.
+func windowSeconds(d time.Duration) int64 {
+	return max(ceilSeconds(d), 1)
+}
+
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+func (m *core) match(r *http.Request) *rule {
+	if m.mux == nil {
+		return m.def
+	}
+	if h, _ := m.mux.Handler(r); h != nil {
+		if i, ok := h.(ruleHandler); ok {
+			return m.rules[i]
+		}
+	}
+	return m.def
+}
+
+func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ru := m.match(r)
+	if len(ru.limits) == 0 {
+		m.next.ServeHTTP(w, r)
+		return
+	}
+	kr := r
+	if ru.pattern != "" && r.Pattern == "" {
+		// Let KeyByRoute see the rule's pattern, without touching r.
+		c := *r
+		c.Pattern = ru.pattern
+		kr = &c
+	}
+	key, err := ru.keyFunc(kr)
+	if err == nil && (key == "" || strings.IndexByte(key, 0) >= 0) {
+		err = fmt.Errorf("%w: empty key or key with a NUL byte", ErrNoKey)
+	}
+	if err != nil {
+		m.problem(w, m.keyStatus, "the request carries no usable rate-limit key", nil, 0)
+		return
+	}
+	if ru.prefix != "" {
+		key = ru.prefix + key
+	}
+	d, err := m.ns.Allow(r.Context(), key, ru.cost, ru.limits...)
+	if err != nil {
+		// Not a store failure (those come back as Degraded): the namespace is
+		// closed or the request's context is nil. Treat it like one.
+		m.logf("httplimit: rate limit check failed", "pattern", ru.pattern, "error", err)
+		if ru.failClosed {
+			m.unavailable(w)
+			return
+		}
+		m.next.ServeHTTP(w, r)
+		return
+	}
+	h := w.Header()
+	if d.Degraded {
+		m.logf("httplimit: store unavailable, decided from local counts", "pattern", ru.pattern, "fail_closed", ru.failClosed)
+		if !m.hide {
+			h["Ratelimit-Degraded"] = []string{"?1"}
+		}
+		if ru.failClosed {
+			if d.Allowed {
+				// Not served, so not counted: taken back here, pushed later.
+				_ = m.ns.Refund(r.Context(), key, ru.cost, ru.limits...)
+			}
+			m.unavailable(w)
+			return
+		}
+	}
+	i := 0
+	for j := range ru.limits {
+		if ru.limits[j] == d.Limit {
+			i = j
+			break
+		}
+	}
+	if !m.hide {
+		m.writeHeaders(h, ru, i, d)
+	}
+	if !d.Allowed {
+		m.reject(w, ru, i, d)
+		return
+	}
+	m.next.ServeHTTP(w, r)
+}
+
+func (m *core) writeHeaders(h http.Header, ru *rule, i int, d ratelimit.Decision) {
+	h["Ratelimit-Policy"] = []string{ru.policy}
+	var buf [96]byte
+	b := append(buf[:0], ru.names[i]...)
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, min(d.Remaining, maxSFInteger), 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, min(ceilSeconds(d.Reset), maxSFInteger), 10)
+	h["Ratelimit"] = []string{string(b)}
+	if m.legacy {
+		h["X-Ratelimit-Limit"] = []string{ru.maxes[i]}
+		h["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(d.Remaining, 10)}
+		reset := m.clock().Add(d.Reset)
+		sec := reset.Unix()
+		if reset.Nanosecond() > 0 {
+			sec++
+		}
+		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(sec, 10)}
+	}
+}
+
+// reject answers 429 with Retry-After and a problem report naming the policy.
+func (m *core) reject(w http.ResponseWriter, ru *rule, i int, d ratelimit.Decision) {
+	wait := d.RetryAfter
+	if m.jitter > 0 {
+		wait += rand.N(m.jitter + 1)
+	}
+	secs := max(ceilSeconds(wait), 1) // 0 would invite an immediate retry storm
+	w.Header()["Retry-After"] = []string{strconv.FormatInt(secs, 10)}
+	l := d.Limit
+	detail := fmt.Sprintf("Rate limit %q exceeded: at most %d per %v. Retry in %d s.", l.PolicyName(), l.Max, l.Window, secs)
+	m.problem(w, http.StatusTooManyRequests, detail, &l, secs)
+}
+
+func (m *core) unavailable(w http.ResponseWriter) {
+	w.Header()["Retry-After"] = []string{"1"}
+	m.problem(w, http.StatusServiceUnavailable, "The rate limiter cannot reach its store and this route fails closed.", nil, 1)
+}
+
+// problem is an RFC 9457 problem report, with the violated policy as
+// extension members.
+type problem struct {
+	Type       string `json:"type"`
+	Title      string `json:"title"`
+	Status     int    `json:"status"`
+	Detail     string `json:"detail"`
+	Policy     string `json:"policy,omitempty"`
+	Limit      int64  `json:"limit,omitempty"`
+	Window     int64  `json:"window,omitempty"` // seconds
+	RetryAfter int64  `json:"retry_after,omitempty"`
+}
+
+func (m *core) problem(w http.ResponseWriter, status int, detail string, l *ratelimit.Limit, retry int64) {
+	p := problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail, RetryAfter: retry}
+	if l != nil {
+		p.Policy, p.Limit, p.Window = l.PolicyName(), l.Max, windowSeconds(l.Window)
+	}
+	body, _ := json.Marshal(p) // cannot fail: strings and integers
+	h := w.Header()
+	h["Content-Type"] = []string{"application/problem+json"}
+	h["Content-Length"] = []string{strconv.Itoa(len(body) + 1)}
+	h["X-Content-Type-Options"] = []string{"nosniff"}
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// logf logs at most one line per LogInterval, counting the others.
+func (m *core) logf(msg string, args ...any) {
+	now := time.Now().UnixNano()
+	last := m.lastLog.Load()
+	if now-last < m.logEvery || !m.lastLog.CompareAndSwap(last, now) {
+		m.skipped.Add(1)
+		return
+	}
+	m.log.Warn(msg, append(args, "skipped_since_last_line", m.skipped.Swap(0))...)
+}
