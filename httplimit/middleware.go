@@ -261,6 +261,13 @@ func ceilSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
+func (ru *rule) name() string {
+	if ru.pattern == "" {
+		return "(default)"
+	}
+	return ru.pattern
+}
+
 func (m *core) match(r *http.Request) *rule {
 	if m.mux == nil {
 		return m.def
@@ -301,7 +308,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		// Not a store failure (those come back as Degraded): the namespace is
 		// closed or the request's context is nil. Treat it like one.
-		m.logf("httplimit: rate limit check failed", "pattern", ru.pattern, "error", err)
+		m.logf("httplimit: rate limit check failed", "rule", ru.name(), "error", err)
 		if ru.failClosed {
 			m.unavailable(w)
 			return
@@ -311,7 +318,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	h := w.Header()
 	if d.Degraded {
-		m.logf("httplimit: store unavailable, decided from local counts", "pattern", ru.pattern, "fail_closed", ru.failClosed)
+		m.logf("httplimit: store unavailable, decided from local counts", "rule", ru.name(), "fail_closed", ru.failClosed)
 		if !m.hide {
 			h["Ratelimit-Degraded"] = []string{"?1"}
 		}

@@ -479,7 +479,8 @@ func TestStoreTimeoutBoundsTheWait(t *testing.T) {
 			SyncTimeout: 300 * time.Millisecond, RetryInterval: time.Hour})
 		require.NoError(t, err)
 		limits := []ratelimit.Limit{{Window: time.Minute, Max: 5}}
-		h := mustNew(t, httplimit.Options{Namespace: ns, Limits: limits}, ok)
+		quiet := slog.New(slog.DiscardHandler)
+		h := mustNew(t, httplimit.Options{Namespace: ns, Limits: limits, Logger: quiet}, ok)
 		start := time.Now()
 		w := get(h, "GET", "/", "192.0.2.1:1")
 		require.Equal(t, 300*time.Millisecond, time.Since(start), "one SyncTimeout, then a degraded answer")
@@ -487,7 +488,7 @@ func TestStoreTimeoutBoundsTheWait(t *testing.T) {
 		require.Equal(t, "?1", w.Header().Get("RateLimit-Degraded"))
 		// A rejection after a slow admission: the take-back gets what is left
 		// of the SyncTimeout, no more.
-		closed := mustNew(t, httplimit.Options{Namespace: ns, Limits: limits, FailClosed: true}, ok)
+		closed := mustNew(t, httplimit.Options{Namespace: ns, Limits: limits, FailClosed: true, Logger: quiet}, ok)
 		start = time.Now()
 		w = get(closed, "GET", "/", "192.0.2.2:1")
 		require.Equal(t, 300*time.Millisecond, time.Since(start))
