@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -249,6 +250,7 @@ func TestMultiNodeConvergesByTheLoopAlone(t *testing.T) {
 type recordingStore struct {
 	strategy.Strategy
 	delay    time.Duration
+	check    func(*strategy.Batch, strategy.Result) // called after each successful push
 	mu       sync.Mutex
 	starts   []time.Time
 	inflight int
@@ -273,7 +275,11 @@ func (s *recordingStore) PushDiffs(ctx context.Context, b *strategy.Batch) (stra
 			return strategy.Result{}, ctx.Err()
 		}
 	}
-	return s.Strategy.PushDiffs(ctx, b)
+	res, err := s.Strategy.PushDiffs(ctx, b)
+	if err == nil && s.check != nil {
+		s.check(b, res)
+	}
+	return res, err
 }
 
 func TestSyncTicksAlignAndDoNotPileUp(t *testing.T) {
@@ -467,5 +473,64 @@ func TestSyncErrorsMatchSentinel(t *testing.T) {
 		r, err := ns.SlidingWindow(ctx, "k", time.Hour)
 		require.NoError(t, err)
 		require.Equal(t, 1.0, r)
+	})
+}
+
+func TestSynchronousModeConcurrentFaults(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := memory.New()
+		// A push takes 2 ms of fake time, so write-throughs are in flight
+		// while the retry loop collects.
+		store := &recordingStore{Strategy: mem, delay: 2 * time.Millisecond}
+		// No total may ever exceed the hits issued for its key: a hit pushed
+		// twice would show here even if a later negative diff undid it.
+		var issued [5]atomic.Int64
+		store.check = func(b *strategy.Batch, res strategy.Result) {
+			for i, d := range b.Diffs {
+				var k int
+				fmt.Sscanf(d.Key, "k%d", &k)
+				if res.Totals[i] > issued[k].Load() {
+					t.Errorf("%s: store total %d exceeds the %d hits issued", d.Key, res.Totals[i], issued[k].Load())
+				}
+			}
+		}
+		var mu sync.Mutex
+		n := 0
+		mem.SetFaults(func(memory.Op) memory.Fault {
+			mu.Lock()
+			defer mu.Unlock()
+			n++
+			return memory.Fault(n % 4)
+		})
+		nodes := multiNode(t, 2, ratelimit.Config{WindowSizes: []time.Duration{time.Hour}, SyncRate: 0, Strategy: store,
+			RetryInterval: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Go(func() {
+				for i := range 200 {
+					issued[i%5].Add(1)
+					_, err := nodes[g%2].Increment(ctx, fmt.Sprintf("k%d", i%5), time.Hour, 1)
+					if err != nil && !errors.Is(err, ratelimit.ErrStoreUnavailable) {
+						t.Error(err)
+					}
+					if i%20 == 0 {
+						time.Sleep(3 * time.Millisecond) // let the retry loops run between write-throughs
+					}
+				}
+			})
+		}
+		wg.Wait()
+		mem.SetFaults(nil)
+		for _, node := range nodes {
+			require.NoError(t, node.Close(ctx))
+		}
+		start := ratelimit.WindowStart(time.Now(), time.Hour).UnixMilli()
+		total := int64(0)
+		for k := range 5 {
+			c, err := mem.GetWindow(ctx, "default", strategy.CounterID{Key: fmt.Sprintf("k%d", k), Size: time.Hour, Start: start})
+			require.NoError(t, err)
+			total += c
+		}
+		require.Equal(t, int64(800), total, "every write-through applied exactly once")
 	})
 }

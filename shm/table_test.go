@@ -308,3 +308,29 @@ func TestConcurrentAddsAndSyncs(t *testing.T) {
 	}
 	require.Equal(t, sum, stored, "every hit reaches the store exactly once")
 }
+
+func TestCollectSkipsWriteThroughsInFlight(t *testing.T) {
+	tb := newTable(t, Options{Sizes: []time.Duration{time.Minute}, WriteThrough: true})
+	now := int64(1_000_000)
+	var wt, b Batch
+	tb.Add("k", 0, now, 2) // a plain hit, for the loop to push
+	tb.AddPending("k", 0, now, 5, &wt)
+	require.Len(t, wt.Diffs, 1)
+	require.Equal(t, int64(5), wt.Diffs[0].Delta)
+	tb.Collect(now, false, &b)
+	require.Len(t, b.Diffs, 1)
+	require.Equal(t, int64(2), b.Diffs[0].Delta, "the write-through in flight is not pushed again")
+	tb.Ack(&b, strategy.Result{Totals: []int64{2}})
+	// The write-through fails for sure: its hit goes back to the loop.
+	tb.Release(&wt)
+	b.Reset()
+	tb.Collect(now, false, &b)
+	require.Len(t, b.Diffs, 1)
+	require.Equal(t, int64(5), b.Diffs[0].Delta)
+	tb.Ack(&b, strategy.Result{Totals: []int64{7}})
+	v := tb.Peek("k", 0, now)
+	require.Equal(t, int64(7), v.Cur)
+	hits, retired := tb.Pending()
+	require.Zero(t, hits)
+	require.Zero(t, retired)
+}
