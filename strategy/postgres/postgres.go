@@ -29,43 +29,56 @@
 // on each page so that count updates can be HOT updates. The "C" collation
 // makes key comparisons byte-wise, as in Go.
 //
+// Namespaces and keys are stored as they are when PostgreSQL can hold them
+// as text; any other Go string (invalid UTF-8, a NUL byte) and any string
+// starting with the byte 0x7f is stored as 0x7f followed by its base64url
+// encoding. Every key is therefore valid: a client's raw bytes can never make
+// a push fail.
+//
 // # Pushes
 //
-// A push is one SQL statement in autocommit: it inserts the batch ID into the
-// batch table (ON CONFLICT DO NOTHING) and, only if that insert happened,
-// upserts every diff from unnest'ed arrays (ON CONFLICT DO UPDATE SET count =
-// count + delta), returning the new totals and the counters to read. Rows are
-// sorted by counter identity, so concurrent pushes lock rows in the same order
+// A push is one SQL statement in autocommit (one round trip): it inserts the
+// batch ID into the batch table (ON CONFLICT DO NOTHING) and, only if that
+// insert happened, upserts every diff from unnest'ed arrays (INSERT ... ON
+// CONFLICT DO UPDATE SET count = count + EXCLUDED.count), returning the new
+// totals, and reads the counters the batch asks for. Rows are sorted by
+// counter identity, so concurrent pushes lock shared rows in the same order
 // and cannot deadlock. Because the batch ID is recorded in the same
 // transaction as the increments, a batch re-sent after a lost reply is not
-// applied again; the store then answers with the current totals. Batches
-// larger than Options.MaxPushRows are sent as several such statements, each
-// with its own ID derived from the batch ID (see strategy.Strategy).
+// applied again; the store then answers with the current totals. Batches of
+// more than Options.MaxPushRows diffs are sent as several such statements
+// (Options.PushConcurrency at a time, on separate connections), each with its
+// own ID derived from the batch ID, as strategy.Strategy allows.
 //
 // # Errors
 //
 // A push error wraps strategy.ErrNotApplied when nothing can have been
 // written: the context was done before sending, no connection could be
-// acquired, pgx reports the failure happened before anything was sent
-// (pgconn.SafeToRetry), the server rejected the statement with an ERROR (the
-// statement's transaction was rolled back), or the batch was invalid. Any other
-// error (connection lost or timeout after the statement was sent) leaves the
-// outcome unknown; re-sending the same batch is safe. The store itself re-sends
-// a statement at most Options.MaxRetries times when the connection broke or
-// the server reported a serialization failure or deadlock.
+// acquired, pgx reports that the failure happened before anything was sent
+// (pgconn.SafeToRetry), the server answered the statement with an ERROR (its
+// transaction was rolled back), or the batch named a window size that is not
+// a positive whole number of milliseconds. Any other error (connection lost
+// or deadline passed after the statement was sent, a FATAL message) leaves the
+// outcome unknown; re-sending the same batch is safe. A pooled connection the
+// server closed while it was idle looks like a lost reply, so the first push
+// after a server restart may report an unknown outcome. The store itself
+// re-sends a statement, under the same ID, at most Options.MaxRetries times
+// when the connection broke or the server reported a serialization failure
+// or a deadlock.
 //
 // # Retention
 //
 // Purge deletes counters whose window is older than the previous one
 // (window_start + 2*window_size <= now) and batch IDs past their expiry, in
 // bounded DELETE statements that skip rows locked by another purger, so every
-// node may purge at once. The core's sync loop calls Purge every cycle; the
-// store does real work at most once per Options.PurgeInterval of the now it is
-// given.
+// node may purge at once. The core's sync loop calls Purge (every cycle, or as
+// its own Config.PurgeInterval says); the store does real work at most once
+// per Options.PurgeInterval of the now it is given.
 package postgres
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -98,11 +111,6 @@ const maxIdentLen = 63
 
 // ErrInvalidOptions is wrapped by New's errors about Options.
 var ErrInvalidOptions = errors.New("postgres: invalid options")
-
-// ErrInvalidText is wrapped by push errors about a namespace or key that
-// PostgreSQL cannot store as text: not valid UTF-8, or containing a NUL byte.
-// Such a push also wraps strategy.ErrNotApplied.
-var ErrInvalidText = errors.New("postgres: text is not valid UTF-8 or contains NUL")
 
 // Options configure a Store. The zero value of every field selects its
 // documented default.
@@ -403,7 +411,27 @@ JOIN %s c ON c.window_size = w.window_size AND c.window_start = w.window_start A
 	LIMIT $2 FOR UPDATE SKIP LOCKED))`
 }
 
-// validText reports whether PostgreSQL can store s as text.
-func validText(s string) bool {
-	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+// escape starts the stored form of a namespace or key that PostgreSQL cannot
+// hold as text (not valid UTF-8, or containing NUL) or that itself starts with
+// escape: escape followed by the base64url encoding of its bytes. The mapping
+// is injective, so any Go string is a valid key, and keys from clients (a
+// header's raw bytes, say) can never make a push fail.
+const escape = "\x7f"
+
+func encodeText(s string) string {
+	if utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 && !strings.HasPrefix(s, escape) {
+		return s
+	}
+	return escape + base64.RawURLEncoding.EncodeToString([]byte(s))
+}
+
+func decodeText(s string) (string, error) {
+	if !strings.HasPrefix(s, escape) {
+		return s, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(s[len(escape):])
+	if err != nil {
+		return "", fmt.Errorf("stored key %q: %w", s, err)
+	}
+	return string(b), nil
 }

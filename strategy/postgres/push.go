@@ -38,6 +38,7 @@ func (r *rows) slice(lo, hi int) rows {
 // plan is a batch prepared for sending: diffs merged per counter and sorted
 // by identity, reads that can exist in the store, and where each answer goes.
 type plan struct {
+	ns    string // encoded
 	diffs rows
 	// The totals of diffs row u go to Totals[perm[first[u]:first[u+1]]]
 	// (several entries when the batch named a counter twice).
@@ -77,14 +78,14 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 		}
 		dlo, dhi := min(i*n, p.diffs.len()), min((i+1)*n, p.diffs.len())
 		rlo, rhi := min(i*n, p.reads.len()), min((i+1)*n, p.reads.len())
-		id := b.ID
+		id := encodeText(b.ID)
 		if diffParts > 1 {
 			// Deterministic for a given batch, so a re-sent batch skips the
 			// parts already applied and completes the others.
-			id = b.ID + "#" + strconv.Itoa(i) + "/" + strconv.Itoa(diffParts)
+			id += "#" + strconv.Itoa(i) + "/" + strconv.Itoa(diffParts)
 		}
 		o := &out[i]
-		o.maybeApplied, o.err = s.pushPart(ctx, b.Namespace, id, b.ID != "", p, dlo, dhi, rlo, rhi, &res)
+		o.maybeApplied, o.err = s.pushPart(ctx, p.ns, id, b.ID != "", p, dlo, dhi, rlo, rhi, &res)
 		o.done = o.err == nil
 		if o.err != nil {
 			failed.Store(true)
@@ -135,18 +136,12 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 }
 
 func makePlan(b *strategy.Batch) (*plan, error) {
-	if !validText(b.Namespace) {
-		return nil, fmt.Errorf("namespace %q: %w", b.Namespace, ErrInvalidText)
-	}
 	for _, d := range b.Diffs {
-		if !validText(d.Key) {
-			return nil, fmt.Errorf("key %q: %w", d.Key, ErrInvalidText)
-		}
 		if d.Size <= 0 || d.Size%time.Millisecond != 0 {
 			return nil, fmt.Errorf("key %q: window size %v is not a positive whole number of milliseconds", d.Key, d.Size)
 		}
 	}
-	p := &plan{perm: make([]int32, len(b.Diffs))}
+	p := &plan{ns: encodeText(b.Namespace), perm: make([]int32, len(b.Diffs))}
 	for i := range p.perm {
 		p.perm[i] = int32(i)
 	}
@@ -167,7 +162,7 @@ func makePlan(b *strategy.Batch) (*plan, error) {
 			continue
 		}
 		p.first = append(p.first, int32(k))
-		p.diffs.keys = append(p.diffs.keys, d.Key)
+		p.diffs.keys = append(p.diffs.keys, encodeText(d.Key))
 		p.diffs.sizes = append(p.diffs.sizes, d.Size.Milliseconds())
 		p.diffs.starts = append(p.diffs.starts, d.Start)
 		p.diffs.deltas = append(p.diffs.deltas, d.Delta)
@@ -176,8 +171,8 @@ func makePlan(b *strategy.Batch) (*plan, error) {
 
 	rperm := make([]int32, 0, len(b.Reads))
 	for i, r := range b.Reads {
-		// A counter PostgreSQL cannot hold reads as 0 without asking.
-		if validText(r.Key) && r.Size > 0 {
+		// A counter that cannot exist reads as 0 without asking.
+		if r.Size > 0 {
 			rperm = append(rperm, int32(i))
 		}
 	}
@@ -195,7 +190,7 @@ func makePlan(b *strategy.Batch) (*plan, error) {
 			p.readDiffs = append(p.readDiffs, struct{ read, diff int32 }{i, int32(u)})
 			continue
 		}
-		p.reads.keys = append(p.reads.keys, r.Key)
+		p.reads.keys = append(p.reads.keys, encodeText(r.Key))
 		p.reads.sizes = append(p.reads.sizes, r.Size.Milliseconds())
 		p.reads.starts = append(p.reads.starts, r.Start)
 		p.readIdx = append(p.readIdx, i)

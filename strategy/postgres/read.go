@@ -29,9 +29,6 @@ func (s *Store) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2[str
 			fail(err)
 			return
 		}
-		if !validText(q.Namespace) {
-			return // no such namespace can be stored
-		}
 		var sizes, starts []int64
 		seen := make(map[time.Duration]bool, len(q.Sizes))
 		for _, size := range q.Sizes {
@@ -44,13 +41,11 @@ func (s *Store) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2[str
 			sizes = append(sizes, ms, ms)
 			starts = append(starts, cur, cur-ms)
 		}
-		sql, args := s.getCountersSQL, []any{q.Namespace, sizes, starts}
+		sql, args := s.getCountersSQL, []any{encodeText(q.Namespace), sizes, starts}
 		if q.Keys != nil {
-			keys := make([]string, 0, len(q.Keys))
-			for _, k := range q.Keys {
-				if validText(k) {
-					keys = append(keys, k)
-				}
+			keys := make([]string, len(q.Keys))
+			for i, k := range q.Keys {
+				keys[i] = encodeText(k)
 			}
 			if len(keys) == 0 {
 				return
@@ -75,6 +70,10 @@ func (s *Store) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2[str
 				fail(err)
 				return
 			}
+			if c.Key, err = decodeText(c.Key); err != nil {
+				fail(err)
+				return
+			}
 			c.Size = time.Duration(size) * time.Millisecond
 			if !yield(c, nil) {
 				return
@@ -91,11 +90,11 @@ func (s *Store) GetWindow(ctx context.Context, namespace string, id strategy.Cou
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("postgres: get window %q %q: %w", namespace, id.Key, err)
 	}
-	if !validText(namespace) || !validText(id.Key) || id.Size <= 0 {
+	if id.Size <= 0 {
 		return 0, nil
 	}
 	var n int64
-	err := s.pool.QueryRow(ctx, s.getWindowSQL, id.Size.Milliseconds(), id.Start, namespace, id.Key).Scan(&n)
+	err := s.pool.QueryRow(ctx, s.getWindowSQL, id.Size.Milliseconds(), id.Start, encodeText(namespace), encodeText(id.Key)).Scan(&n)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}
