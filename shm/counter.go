@@ -45,8 +45,9 @@ func (s *shard) unlock(excl bool) {
 
 // window returns the start of the window of size index w that a hit at now
 // counts in, rotating e forward when now has entered a new window. A clock that
-// went backwards never moves windows back: a hit older than both held windows
-// counts in the newest one.
+// went backwards never moves windows back: a hit or read behind the newest
+// window counts in the newest one, so a clock jumping back never lets a key
+// gain (the caller's weight for an instant before the window is 1).
 func (t *Table) window(e *Entry, w int, now int64) int64 {
 	p := &e.w[w]
 	size := t.sizeMS[w]
@@ -58,7 +59,7 @@ func (t *Table) window(e *Entry, w int, now int64) int64 {
 		e.mu.Unlock()
 		lat = p.latest.Load()
 	}
-	if x < lat-size {
+	if x < lat {
 		x = lat
 	}
 	return x
