@@ -201,19 +201,21 @@ func forwardedFor(line string, ring *[maxHops]string, n int) int {
 // headers: "1.2.3.4", "1.2.3.4:80", "::1", "[::1]", "[::1]:80". The result
 // is unmapped (::ffff:1.2.3.4 is 1.2.3.4) and zoneless.
 func parseAddr(s string) (netip.Addr, bool) {
+	if s == "" {
+		return netip.Addr{}, false
+	}
+	// Try the likely form first: a failed parse allocates its error.
+	if s[0] == '[' || strings.Count(s, ":") == 1 {
+		if ap, err := netip.ParseAddrPort(s); err == nil {
+			return ap.Addr().Unmap().WithZone(""), true
+		}
+		if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+			s = s[1 : len(s)-1]
+		}
+	}
 	a, err := netip.ParseAddr(s)
 	if err != nil {
-		ap, err2 := netip.ParseAddrPort(s)
-		switch {
-		case err2 == nil:
-			a = ap.Addr()
-		case len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']':
-			if a, err = netip.ParseAddr(s[1 : len(s)-1]); err != nil {
-				return netip.Addr{}, false
-			}
-		default:
-			return netip.Addr{}, false
-		}
+		return netip.Addr{}, false
 	}
 	return a.Unmap().WithZone(""), true
 }
