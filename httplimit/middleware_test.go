@@ -525,3 +525,43 @@ func TestClosedNamespace(t *testing.T) {
 	require.Equal(t, 503, get(closed, "GET", "/", "192.0.2.1:1").Code)
 	require.Contains(t, logged(), "rate limit check failed")
 }
+
+// TestBadInputNeverPanics sends hostile requests through the middleware.
+func TestBadInputNeverPanics(t *testing.T) {
+	clk := newClock(epoch)
+	ns, _ := newNS(t, "local", clk)
+	limits := []ratelimit.Limit{{Window: time.Minute, Max: 2}}
+	huge := strings.Repeat("x", 1<<20)
+	for _, kf := range []httplimit.KeyFunc{
+		httplimit.KeyByIP(httplimit.IPOptions{TrustedProxies: proxies}),
+		httplimit.KeyByIP(httplimit.IPOptions{TrustedProxies: proxies, Header: "Forwarded"}),
+		httplimit.KeyByHeader("X-Tenant"),
+		httplimit.KeyByAPIKey("Authorization", "k"),
+		httplimit.Compose(httplimit.KeyByRoute(), httplimit.KeyByHeader("X-Tenant")),
+	} {
+		h := mustNew(t, httplimit.Options{Namespace: ns, Limits: limits, KeyFunc: kf, Rules: []httplimit.Rule{{Pattern: "GET /r/{x...}", Limits: limits}}}, ok)
+		for _, hdr := range [][]string{
+			{"X-Forwarded-For", huge},
+			{"X-Forwarded-For", "\x00\xff,,[,]:"},
+			{"Forwarded", `for="` + huge},
+			{"Forwarded", `;;;==,,"\`},
+			{"X-Tenant", huge},
+			{"Authorization", "Bearer " + huge},
+			{"Authorization", "Bearer"},
+		} {
+			for _, target := range []string{"/", "/r/" + strings.Repeat("a/", 1000), "/?k=%", "/?k=" + huge[:1000]} {
+				for _, remote := range []string{"10.0.0.1:1", "", "garbage", "[::1]:99999"} {
+					w := get(h, "GET", target, remote, hdr...)
+					require.Contains(t, []int{200, 400, 429}, w.Code)
+				}
+			}
+		}
+	}
+	// A huge key is counted (hashed by the namespace), not refused.
+	h := mustNew(t, httplimit.Options{Namespace: ns, Limits: limits, KeyFunc: httplimit.KeyByHeader("X-Big")}, ok)
+	codes := []int{}
+	for range 3 {
+		codes = append(codes, get(h, "GET", "/", "192.0.2.1:1", "X-Big", "big"+huge).Code)
+	}
+	require.Equal(t, []int{200, 200, 429}, codes)
+}
