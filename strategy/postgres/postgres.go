@@ -13,7 +13,7 @@
 //	    window_start bigint NOT NULL,                          -- Unix milliseconds
 //	    count        bigint NOT NULL,
 //	    PRIMARY KEY (window_size, window_start, namespace, key)
-//	) WITH (fillfactor = 80);
+//	) WITH (fillfactor = 45);
 //
 //	CREATE TABLE rl_counters_batches (
 //	    id         text COLLATE "C" PRIMARY KEY,
@@ -25,8 +25,11 @@
 // one index. It serves GetCounters (one range per window size and start,
 // narrowed by namespace and, when the fetch scope is "seen", by key) and
 // Purge (per window size, the starts up to now - 2*size; the few distinct
-// sizes are found by skipping through the index). The fill factor leaves room
-// on each page so that count updates can be HOT updates. The "C" collation
+// sizes are found by skipping through the index). The fill factor keeps more
+// than half of each page free: a push updates every counter of a page once,
+// and each new row version must fit in the same page for the update to be a
+// HOT update (no index change). At 80 most updates of a large push were not
+// HOT, and cost twice as much. The "C" collation
 // makes key comparisons byte-wise, as in Go.
 //
 // Namespaces and keys are stored as they are when PostgreSQL can hold them
@@ -321,7 +324,7 @@ func (s *Store) createSchema(ctx context.Context) error {
 			window_start bigint NOT NULL,
 			count        bigint NOT NULL,
 			PRIMARY KEY (window_size, window_start, namespace, key)
-		) WITH (fillfactor = 80)`,
+		) WITH (fillfactor = 45)`,
 		`CREATE TABLE IF NOT EXISTS ` + s.batches + ` (
 			id         text COLLATE "C" PRIMARY KEY,
 			expires_at bigint NOT NULL
