@@ -5,11 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"io"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -342,4 +345,31 @@ func TestGetCountersEarlyBreak(t *testing.T) {
 		n++
 	}
 	require.Equal(t, 50, n)
+}
+
+func TestErrorClassification(t *testing.T) {
+	pgErr := func(severity, code string) error { return &pgconn.PgError{Severity: severity, Code: code} }
+	live, dead := context.Background(), canceledContext()
+	for _, c := range []struct {
+		err                  error
+		notApplied, retrying bool
+	}{
+		{&acquireError{errors.New("connection refused")}, true, false},
+		{pgErr("ERROR", "42P01"), true, false},                  // undefined table: rolled back, retrying won't help
+		{pgErr("ERROR", "40P01"), true, true},                   // deadlock detected: rolled back
+		{pgErr("ERROR", "40001"), true, true},                   // serialization failure
+		{pgErr("FATAL", "57P01"), false, true},                  // admin shutdown: may come after the commit
+		{fmt.Errorf("x: %w", io.ErrUnexpectedEOF), false, true}, // connection lost after sending
+		{&appliedError{pgErr("ERROR", "57014")}, false, true},   // a read after the batch was applied
+	} {
+		require.Equal(t, c.notApplied, notApplied(c.err), "%v", c.err)
+		require.Equal(t, c.retrying, retryable(live, c.err), "%v", c.err)
+		require.False(t, retryable(dead, c.err), "never once the context is done")
+	}
+}
+
+func canceledContext() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
 }

@@ -303,15 +303,25 @@ func (s *Store) execPart(ctx context.Context, ns, id string, hasID bool, expires
 		// reply was lost). Answer with current totals, read in a new
 		// statement so that its snapshot includes a first attempt that was
 		// still committing when this one started.
-		return s.read(ctx, conn, ns, reads, diffs, set)
+		err = s.read(ctx, conn, ns, reads, diffs, set)
 	case totals != diffs.len() || mismatch:
 		// The server returned the upserted rows in another order than it
 		// processed them (it does not today). The batch is applied; answer
 		// with the current totals.
-		return s.read(ctx, conn, ns, rows{}, diffs, set)
+		err = s.read(ctx, conn, ns, rows{}, diffs, set)
+	}
+	if err != nil {
+		return &appliedError{err}
 	}
 	return nil
 }
+
+// appliedError is a failure after the batch was surely applied (by this
+// statement or an earlier one): never "not applied", whatever caused it.
+type appliedError struct{ err error }
+
+func (e *appliedError) Error() string { return "reading totals of an applied batch: " + e.err.Error() }
+func (e *appliedError) Unwrap() error { return e.err }
 
 // int8Value decodes a bigint result column in either wire format.
 func int8Value(fd pgconn.FieldDescription, v []byte) (int64, error) {
@@ -362,6 +372,9 @@ func (e *acquireError) Unwrap() error { return e.err }
 
 // notApplied reports whether err proves that the statement wrote nothing.
 func notApplied(err error) bool {
+	if _, applied := errors.AsType[*appliedError](err); applied {
+		return false
+	}
 	var ae *acquireError
 	if errors.As(err, &ae) || pgconn.SafeToRetry(err) {
 		return true
