@@ -100,7 +100,7 @@ import (
 // Defaults of Options' zero-valued fields.
 const (
 	DefaultTable            = "rl_counters"
-	DefaultPurgeInterval    = time.Minute
+	DefaultPurgeInterval    = 30 * time.Second
 	DefaultPurgeBatchSize   = 5000
 	DefaultMaxPushRows      = 10000
 	DefaultPushConcurrency  = 2
@@ -130,8 +130,11 @@ type Options struct {
 	BatchTable string
 
 	// PurgeInterval is the least time, measured on the now passed to Purge,
-	// between two purges that do real work. The core's sync loop calls Purge
-	// every cycle; the calls in between return at once. Default 1 minute.
+	// between two purges that do real work; calls in between return nil at
+	// once, so a caller may call Purge every sync cycle. The core's sync loop
+	// also spaces its calls by its own Config.PurgeInterval (default 1
+	// minute); a shorter interval here lets every one of those calls run.
+	// Default 30 seconds.
 	PurgeInterval time.Duration
 	// PurgeBatchSize is how many rows one DELETE statement removes; Purge
 	// repeats it until a statement removes fewer. Default 5000.

@@ -14,7 +14,7 @@ import (
 
 func TestPurge(t *testing.T) {
 	pool := newPool(t, testDSN(t))
-	s := newStore(t, pool, Options{PurgeBatchSize: 7, BatchIDRetention: time.Millisecond})
+	s := newStore(t, pool, Options{PurgeInterval: time.Minute, PurgeBatchSize: 7, BatchIDRetention: time.Millisecond})
 	ctx := context.Background()
 	w, m := 10*time.Second, time.Minute
 	now := base + 1
@@ -47,7 +47,7 @@ func TestPurge(t *testing.T) {
 	require.Equal(t, int64(0), rowCount(t, pool, s.opts.BatchTable, "id = 'old'"))
 	require.Equal(t, int64(1), rowCount(t, pool, s.opts.BatchTable, "id = 'keep'"))
 
-	// Real work at most once per PurgeInterval (default one minute) of now.
+	// Real work at most once per PurgeInterval (one minute here) of now.
 	_, err = s.PushDiffs(ctx, &strategy.Batch{ID: "old2", Namespace: "ns", Diffs: []strategy.Diff{diff("x", w, base-60_000, 1)}})
 	require.NoError(t, err)
 	require.NoError(t, s.Purge(ctx, now+59_999))
