@@ -313,9 +313,9 @@ func (s *Store) exec(ctx context.Context, parts []part, only ...error) {
 		p := &parts[sel[0]]
 		p.err = nil
 		if len(p.cmds) == 1 {
-			_ = s.client.Process(ctx, p.cmds[0])
+			s.combiner.do(ctx, s.client, p.cmds[0])
 		} else {
-			_ = s.client.Process(ctx, p.gets[0])
+			s.combiner.do(ctx, s.client, p.gets[0])
 		}
 		return
 	}

@@ -126,6 +126,7 @@ type Store struct {
 	scriptPerCall int
 
 	prefixes sync.Map // namespace -> []string: "<prefix>:{<namespace>.<shard>}:" per shard
+	combiner combiner
 
 	// Test hooks.
 	now          func() time.Time // local clock, for Clock
