@@ -18,8 +18,9 @@ import (
 const concurrentPushFor = 5 * time.Second
 
 // Eight nodes, each with its own pool, push overlapping counters in random
-// orders for five seconds: no deadlock (the store does not retry, so one
-// would surface), and the totals are exact.
+// orders for five seconds, half of them in parts sent two at a time: no
+// deadlock (the store does not retry, so one would surface), and the totals
+// are exact.
 func TestConcurrentPush(t *testing.T) {
 	dsn := testDSN(t)
 	const nodes, nkeys, perBatch = 8, 40, 20
@@ -31,7 +32,11 @@ func TestConcurrentPush(t *testing.T) {
 	}
 	stores := make([]*Store, nodes)
 	for i := range stores {
-		stores[i] = newStore(t, newPool(t, dsn, func(c *pgxpool.Config) { c.MaxConns = 2 }), Options{Table: table, MaxRetries: -1})
+		opts := Options{Table: table, MaxRetries: -1}
+		if i%2 == 1 {
+			opts.MaxPushRows = 7 // batches in parts, two at a time
+		}
+		stores[i] = newStore(t, newPool(t, dsn, func(c *pgxpool.Config) { c.MaxConns = 2 }), opts)
 	}
 	deadline := time.Now().Add(concurrentPushFor)
 	sums := make([]map[ck]int64, nodes)
