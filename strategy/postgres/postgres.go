@@ -154,10 +154,9 @@ type Options struct {
 	// 1 minute.
 	BatchIDRetention time.Duration
 	// Unlogged creates the counters table UNLOGGED (when New creates it):
-	// writes skip the write-ahead log and are markedly cheaper, but a server
-	// crash empties the table, so every limit restarts from zero, and the
-	// counters are not replicated to standbys. The batch table stays logged.
-	// Default false.
+	// writes skip the write-ahead log, but a server crash empties the table,
+	// so every limit restarts from zero, and standbys do not get the
+	// counters. The batch table stays logged. Default false.
 	Unlogged bool
 	// MaxRetries is how many times a push statement is re-sent at once, under
 	// the same ID, after the connection broke or the server reported a

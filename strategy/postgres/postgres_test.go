@@ -176,6 +176,19 @@ func TestQuotedNamesAndSchema(t *testing.T) {
 	require.NoError(t, err)
 }
 
+func TestUnlogged(t *testing.T) {
+	pool := newPool(t, testDSN(t))
+	for _, unlogged := range []bool{false, true} {
+		s := newStore(t, pool, Options{Unlogged: unlogged})
+		var persistence string
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($1)`, s.counters).Scan(&persistence))
+		require.Equal(t, map[bool]string{false: "p", true: "u"}[unlogged], persistence)
+		res, err := s.PushDiffs(context.Background(), &strategy.Batch{ID: "u", Namespace: "ns", Diffs: []strategy.Diff{diff("k", time.Second, base, 2)}})
+		require.NoError(t, err)
+		require.Equal(t, []int64{2}, res.Totals)
+	}
+}
+
 // Eight nodes starting together on a fresh table all succeed.
 func TestNewConcurrent(t *testing.T) {
 	pool := newPool(t, testDSN(t), func(c *pgxpool.Config) { c.MaxConns = 10 })
