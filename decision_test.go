@@ -10,11 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/ratesync/ratelimit"
+	"github.com/ratesync/ratelimit/strategy"
 	"github.com/ratesync/ratelimit/strategy/memory"
+	rlredis "github.com/ratesync/ratelimit/strategy/redis"
 )
 
 // decClock is a settable clock (Unix ns), safe for concurrent use.
@@ -41,18 +45,28 @@ var decModes = []string{"local", "sync", "async"}
 func newDecNS(t testing.TB, mode string, clk *decClock, windows ...time.Duration) (*ratelimit.Namespace, *memory.Store) {
 	t.Helper()
 	t.Cleanup(func() { goleak.VerifyNone(t) })
-	cfg := ratelimit.Config{WindowSizes: windows, Clock: clk.Now}
 	var store *memory.Store
+	var st strategy.Strategy
+	if mode != "local" {
+		store = memory.New()
+		st = store
+	}
+	return newDecNSOn(t, mode, clk, st, windows...), store
+}
+
+// newDecNSOn is newDecNS over the given store, without the leak check: the
+// caller registers it before the store's own cleanups.
+func newDecNSOn(t testing.TB, mode string, clk *decClock, st strategy.Strategy, windows ...time.Duration) *ratelimit.Namespace {
+	t.Helper()
+	cfg := ratelimit.Config{WindowSizes: windows, Clock: clk.Now, Strategy: st}
 	switch mode {
 	case "local":
-		cfg.SyncRate = -1
+		cfg.SyncRate, cfg.Strategy = -1, nil
 	case "sync":
-		store = memory.New()
-		cfg.SyncRate, cfg.Strategy = 0, store
+		cfg.SyncRate = 0
 		cfg.RetryInterval = time.Hour // keep the retry loop out of the way
 	case "async":
-		store = memory.New()
-		cfg.SyncRate, cfg.Strategy = time.Hour, store
+		cfg.SyncRate = time.Hour
 	default:
 		t.Fatalf("unknown mode %q", mode)
 	}
@@ -60,7 +74,7 @@ func newDecNS(t testing.TB, mode string, clk *decClock, windows ...time.Duration
 	ns, err := reg.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, reg.Close(context.Background())) })
-	return ns, store
+	return ns
 }
 
 func TestAllowValidation(t *testing.T) {
@@ -313,97 +327,123 @@ func TestAllowLongKeyHashedOnce(t *testing.T) {
 // is not. Reset is checked the same way: at Reset the binding limit's quota is
 // whole, a millisecond earlier it is not.
 func TestRetryAfterTruthful(t *testing.T) {
-	windows := []time.Duration{time.Second, 10 * time.Second, time.Minute, time.Hour}
 	for _, mode := range decModes {
 		t.Run(mode, func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(5, uint64(len(mode))))
 			clk := newDecClock(decEpoch)
-			ns, _ := newDecNS(t, mode, clk, windows...)
-			ctx := context.Background()
+			ns, _ := newDecNS(t, mode, clk, decWindows...)
 			rounds := 300
 			if testing.Short() {
 				rounds = 60
 			}
-			checked, long := 0, 0
-			for round := range rounds {
-				key := fmt.Sprintf("k%d", round)
-				// One or two limits over distinct windows.
-				perm := rng.Perm(len(windows))
-				limits := make([]ratelimit.Limit, 1+rng.IntN(2))
-				for i := range limits {
-					limits[i] = ratelimit.Limit{Window: windows[perm[i]], Max: 1 + rng.Int64N(30), Fixed: rng.IntN(4) == 0}
-				}
-				maxCost := limits[0].Max
-				for _, l := range limits {
-					maxCost = min(maxCost, l.Max)
-				}
-				// A random position and a random history of bursts.
-				clk.Set(decEpoch.Add(time.Duration(rng.Int64N(int64(24 * time.Hour)))).Truncate(time.Millisecond))
-				for range rng.IntN(6) {
-					l := limits[rng.IntN(len(limits))]
-					clk.Advance(time.Duration(rng.Int64N(int64(l.Window)/1e6*2)) * time.Millisecond)
-					for range rng.IntN(40) {
-						_, err := ns.Allow(ctx, key, 1+rng.Int64N(maxCost), limits...)
-						require.NoError(t, err)
-					}
-				}
-				cost := 1 + rng.Int64N(maxCost)
-				d, err := ns.Allow(ctx, key, cost, limits...)
-				require.NoError(t, err)
-				require.False(t, d.Degraded)
-				if d.Allowed {
-					require.Zero(t, d.RetryAfter)
-					continue
-				}
-				checked++
-				require.Positive(t, d.RetryAfter)
-				require.Zero(t, d.RetryAfter%time.Millisecond)
-				at := clk.Now()
-				// Rejected requests are not counted, so the earlier probes
-				// leave the state as it was.
-				if d.RetryAfter >= 2*time.Second {
-					long++
-					clk.Set(at.Add(d.RetryAfter - time.Second))
-					e, err := ns.Allow(ctx, key, cost, limits...)
-					require.NoError(t, err)
-					require.False(t, e.Allowed, "round %d: admitted 1 s before RetryAfter %v (%+v)", round, d.RetryAfter, limits)
-				}
-				clk.Set(at.Add(d.RetryAfter - time.Millisecond))
-				e, err := ns.Allow(ctx, key, cost, limits...)
-				require.NoError(t, err)
-				require.False(t, e.Allowed, "round %d: admitted 1 ms before RetryAfter %v (%+v)", round, d.RetryAfter, limits)
-				require.Equal(t, time.Millisecond, e.RetryAfter)
-
-				// Reset of the binding limit, probed alone with cost 0.
-				clk.Set(at)
-				p, err := ns.Peek(ctx, key, 0, d.Limit)
-				require.NoError(t, err)
-				require.Equal(t, d.Reset, p.Reset)
-				if d.Reset > 0 {
-					clk.Set(at.Add(d.Reset - time.Millisecond))
-					p, err = ns.Peek(ctx, key, 0, d.Limit)
-					require.NoError(t, err)
-					require.Less(t, p.Remaining, d.Limit.Max)
-				}
-				clk.Set(at.Add(d.Reset))
-				p, err = ns.Peek(ctx, key, 0, d.Limit)
-				require.NoError(t, err)
-				require.Equal(t, d.Limit.Max, p.Remaining)
-				require.Zero(t, p.Reset)
-
-				clk.Set(at.Add(d.RetryAfter))
-				e, err = ns.Allow(ctx, key, cost, limits...)
-				require.NoError(t, err)
-				require.True(t, e.Allowed, "round %d: rejected at RetryAfter %v (%+v)", round, d.RetryAfter, limits)
-				if mode == "async" && rng.IntN(3) == 0 {
-					require.NoError(t, ns.Sync(ctx)) // a sync must not change what the node sees
-				}
-			}
-			t.Logf("%d rejections checked, %d with RetryAfter >= 2s", checked, long)
-			require.Greater(t, checked, rounds/5)
-			require.Greater(t, long, rounds/10)
+			checkRetryAfterTruthful(t, ns, clk, mode, uint64(len(mode)), rounds)
 		})
 	}
+}
+
+// TestRetryAfterTruthfulRedis runs the property over the Redis strategy
+// (miniredis, whose clock stands still: TTLs never cut a window short).
+func TestRetryAfterTruthfulRedis(t *testing.T) {
+	for _, mode := range []string{"sync", "async"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Cleanup(func() { goleak.VerifyNone(t) })
+			mr := miniredis.RunT(t)
+			client := goredis.NewClient(&goredis.Options{Addr: mr.Addr()})
+			t.Cleanup(func() { _ = client.Close() })
+			st, err := rlredis.New(client, rlredis.Options{})
+			require.NoError(t, err)
+			clk := newDecClock(decEpoch)
+			ns := newDecNSOn(t, mode, clk, st, decWindows...)
+			checkRetryAfterTruthful(t, ns, clk, mode, 9, 60)
+		})
+	}
+}
+
+var decWindows = []time.Duration{time.Second, 10 * time.Second, time.Minute, time.Hour}
+
+// checkRetryAfterTruthful plays random histories on ns and checks RetryAfter
+// and Reset against later requests.
+func checkRetryAfterTruthful(t *testing.T, ns *ratelimit.Namespace, clk *decClock, mode string, seed uint64, rounds int) {
+	windows := decWindows
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(5, seed))
+	checked, long := 0, 0
+	for round := range rounds {
+		key := fmt.Sprintf("k%d", round)
+		// One or two limits over distinct windows.
+		perm := rng.Perm(len(windows))
+		limits := make([]ratelimit.Limit, 1+rng.IntN(2))
+		for i := range limits {
+			limits[i] = ratelimit.Limit{Window: windows[perm[i]], Max: 1 + rng.Int64N(30), Fixed: rng.IntN(4) == 0}
+		}
+		maxCost := limits[0].Max
+		for _, l := range limits {
+			maxCost = min(maxCost, l.Max)
+		}
+		// A random position and a random history of bursts.
+		clk.Set(decEpoch.Add(time.Duration(rng.Int64N(int64(24 * time.Hour)))).Truncate(time.Millisecond))
+		for range rng.IntN(6) {
+			l := limits[rng.IntN(len(limits))]
+			clk.Advance(time.Duration(rng.Int64N(int64(l.Window)/1e6*2)) * time.Millisecond)
+			for range rng.IntN(40) {
+				_, err := ns.Allow(ctx, key, 1+rng.Int64N(maxCost), limits...)
+				require.NoError(t, err)
+			}
+		}
+		cost := 1 + rng.Int64N(maxCost)
+		d, err := ns.Allow(ctx, key, cost, limits...)
+		require.NoError(t, err)
+		require.False(t, d.Degraded)
+		if d.Allowed {
+			require.Zero(t, d.RetryAfter)
+			continue
+		}
+		checked++
+		require.Positive(t, d.RetryAfter)
+		require.Zero(t, d.RetryAfter%time.Millisecond)
+		at := clk.Now()
+		// Rejected requests are not counted, so the earlier probes
+		// leave the state as it was.
+		if d.RetryAfter >= 2*time.Second {
+			long++
+			clk.Set(at.Add(d.RetryAfter - time.Second))
+			e, err := ns.Allow(ctx, key, cost, limits...)
+			require.NoError(t, err)
+			require.False(t, e.Allowed, "round %d: admitted 1 s before RetryAfter %v (%+v)", round, d.RetryAfter, limits)
+		}
+		clk.Set(at.Add(d.RetryAfter - time.Millisecond))
+		e, err := ns.Allow(ctx, key, cost, limits...)
+		require.NoError(t, err)
+		require.False(t, e.Allowed, "round %d: admitted 1 ms before RetryAfter %v (%+v)", round, d.RetryAfter, limits)
+		require.Equal(t, time.Millisecond, e.RetryAfter)
+
+		// Reset of the binding limit, probed alone with cost 0.
+		clk.Set(at)
+		p, err := ns.Peek(ctx, key, 0, d.Limit)
+		require.NoError(t, err)
+		require.Equal(t, d.Reset, p.Reset)
+		if d.Reset > 0 {
+			clk.Set(at.Add(d.Reset - time.Millisecond))
+			p, err = ns.Peek(ctx, key, 0, d.Limit)
+			require.NoError(t, err)
+			require.Less(t, p.Remaining, d.Limit.Max)
+		}
+		clk.Set(at.Add(d.Reset))
+		p, err = ns.Peek(ctx, key, 0, d.Limit)
+		require.NoError(t, err)
+		require.Equal(t, d.Limit.Max, p.Remaining)
+		require.Zero(t, p.Reset)
+
+		clk.Set(at.Add(d.RetryAfter))
+		e, err = ns.Allow(ctx, key, cost, limits...)
+		require.NoError(t, err)
+		require.True(t, e.Allowed, "round %d: rejected at RetryAfter %v (%+v)", round, d.RetryAfter, limits)
+		if mode == "async" && rng.IntN(3) == 0 {
+			require.NoError(t, ns.Sync(ctx)) // a sync must not change what the node sees
+		}
+	}
+	t.Logf("%d rejections checked, %d with RetryAfter >= 2s", checked, long)
+	require.Greater(t, checked, rounds/5)
+	require.Greater(t, long, rounds/10)
 }
 
 // TestCircuitBreakerSync: in synchronous mode, once this node knows a key is
