@@ -59,3 +59,44 @@ func BenchmarkPushDiffs100k(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGetCounters100k fetches 100,000 counters (the current and previous
+// window of 50,000 keys): "all" reads the namespace, "seen" names the keys.
+//
+//	go test -run '^$' -bench GetCounters100k -benchtime=3x ./strategy/postgres/
+func BenchmarkGetCounters100k(b *testing.B) {
+	const n = 50_000
+	pool := newPool(b, testDSN(b))
+	s := newStore(b, pool, Options{})
+	ctx := context.Background()
+	keys := make([]string, n)
+	var diffs []strategy.Diff
+	for i := range keys {
+		keys[i] = fmt.Sprintf("user-%08d", i)
+		diffs = append(diffs, diff(keys[i], time.Minute, base, 1), diff(keys[i], time.Minute, base-60_000, 1))
+	}
+	_, err := s.PushDiffs(ctx, &strategy.Batch{ID: "fill", Namespace: "bench", Diffs: diffs})
+	require.NoError(b, err)
+	for _, scope := range []string{"all", "seen"} {
+		b.Run(scope, func(b *testing.B) {
+			q := strategy.Query{Namespace: "bench", Sizes: []time.Duration{time.Minute}, Now: base + 1}
+			if scope == "seen" {
+				q.Keys = keys
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				got := 0
+				for _, err := range s.GetCounters(ctx, q) {
+					if err != nil {
+						b.Fatal(err)
+					}
+					got++
+				}
+				if got != 2*n {
+					b.Fatalf("got %d counters", got)
+				}
+			}
+			b.ReportMetric(float64(2*n*b.N)/b.Elapsed().Seconds(), "counters/s")
+		})
+	}
+}
