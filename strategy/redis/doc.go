@@ -35,6 +35,11 @@
 // pipeline, so a sync costs one pipelined round trip; batches of more than
 // Options.BatchSize counters are sent as several pipelines.
 //
+// Concurrent pushes of one command each (synchronous-mode increments: a diff
+// and the previous window's read share their key's hash tag) are combined:
+// those that arrive while two are in flight go out together in one pipeline,
+// which saves Redis a read and a write system call per push.
+//
 // A batch-part id lives Options.BatchIDTTL (5 minutes by default), or less
 // when every window the part wrote expires sooner: a re-send is recognised for
 // that long. Scripts are sent with EVALSHA; after SCRIPT FLUSH or a restart the

@@ -218,7 +218,7 @@ func (s *Store) scriptArgs(b *strategy.Batch, batchID string, prefix string, p *
 		args = append(args, hashKey(prefix, w.size, w.start))
 		idTTL = max(idTTL, s.ttl(w.size))
 	}
-	idTTL = min(idTTL, s.opts.BatchIDTTL.Milliseconds())
+	idTTL = max(1, min(idTTL, s.opts.BatchIDTTL.Milliseconds())) // "0" would skip the id
 	if s.noIdempotent {
 		idTTL = 0
 	}

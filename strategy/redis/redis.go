@@ -50,8 +50,11 @@ type Options struct {
 	Shards int
 
 	// BatchSize is the largest number of counters (diffs plus reads) sent in
-	// one pipeline; a push or fetch of more is sent as several pipelines, one
-	// after another.
+	// one pipeline; a push or fetch of more is sent as several pipelines (a
+	// push keeps up to three in flight, so Redis works while the next one is
+	// encoded). A script call applies at most min(1000, BatchSize) diffs
+	// (about: diffs are assigned to calls by key hash), so no call holds
+	// Redis for long.
 	// Default: 10,000.
 	BatchSize int
 
@@ -139,6 +142,14 @@ var _ strategy.Strategy = (*Store)(nil)
 // *goredis.Client, a Sentinel client from goredis.NewFailoverClient or a
 // *goredis.ClusterClient. It returns an error naming the Options field that
 // is out of range.
+//
+// Configure the client's MaxRetries, ReadTimeout, WriteTimeout, DialTimeout
+// and PoolTimeout explicitly. The Store stays exact with any of them, the
+// default MaxRetries of 3 included, because every push is idempotent; they
+// decide how long a push may take when Redis is slow or unreachable (keep
+// that under the registry's SyncTimeout). MaxRetries -1 (no retries) also
+// lets a push that could not connect at all report strategy.ErrNotApplied,
+// so the caller may merge its hits with newer ones.
 func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redis: New: nil client")
