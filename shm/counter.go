@@ -44,14 +44,19 @@ func (s *shard) unlock(excl bool) {
 }
 
 // window returns the start of the window of size index w that a hit at now
-// counts in, rotating e forward when now has entered a new window. A clock that
-// went backwards never moves windows back: a hit or read behind the newest
-// window counts in the newest one, so a clock jumping back never lets a key
-// gain (the caller's weight for an instant before the window is 1).
-func (t *Table) window(e *Entry, w int, now int64) int64 {
+// counts in, and its parity, rotating e forward when now has entered a new
+// window. A clock that went backwards never moves windows back: a hit or read
+// behind the newest window counts in the newest one, so a clock jumping back
+// never lets a key gain (the caller's weight for an instant before the window
+// is 1). One division on the common path.
+func (t *Table) window(e *Entry, w int, now int64) (int64, int) {
 	p := &e.w[w]
 	size := t.sizeMS[w]
-	x := windowStart(now, size)
+	q := now / size
+	if now%size < 0 {
+		q--
+	}
+	x := q * size
 	lat := p.latest.Load()
 	if x > lat {
 		e.mu.Lock()
@@ -60,9 +65,9 @@ func (t *Table) window(e *Entry, w int, now int64) int64 {
 		lat = p.latest.Load()
 	}
 	if x < lat {
-		x = lat
+		return lat, parity(lat, size)
 	}
-	return x
+	return x, int(q & 1)
 }
 
 // touch marks e used (for eviction) and, when tracking, dirty.
@@ -94,11 +99,12 @@ type View struct {
 // view after the addition.
 func (t *Table) Add(key string, w int, now, v int64) View {
 	s, e, excl := t.lock(key, now)
-	x := t.window(e, w, now)
+	x, par := t.window(e, w, now)
 	p := &e.w[w]
-	p.slot[parity(x, t.sizeMS[w])].local.Add(v)
+	p.slot[par].local.Add(v)
 	t.touch(s, e)
-	vw := View{Start: x, Cur: p.view(x, t.sizeMS[w]), Prev: p.view(x-t.sizeMS[w], t.sizeMS[w])}
+	size := t.sizeMS[w]
+	vw := View{Start: x, Cur: p.viewAt(x, size, par), Prev: p.viewAt(x-size, size, par^1)}
 	s.unlock(excl)
 	return vw
 }
@@ -108,12 +114,13 @@ func (t *Table) Add(key string, w int, now, v int64) View {
 // by this node and the next sync reads it.
 func (t *Table) Peek(key string, w int, now int64) View {
 	s, e, excl := t.lock(key, now)
-	x := t.window(e, w, now)
+	x, par := t.window(e, w, now)
 	if e.flags.Load()&flagRef == 0 {
 		e.flags.Or(flagRef)
 	}
 	p := &e.w[w]
-	vw := View{Start: x, Cur: p.view(x, t.sizeMS[w]), Prev: p.view(x-t.sizeMS[w], t.sizeMS[w])}
+	size := t.sizeMS[w]
+	vw := View{Start: x, Cur: p.viewAt(x, size, par), Prev: p.viewAt(x-size, size, par^1)}
 	s.unlock(excl)
 	return vw
 }
@@ -123,7 +130,7 @@ func (t *Table) Peek(key string, w int, now int64) View {
 // b with Ack or Release.
 func (t *Table) AddPending(key string, w int, now, v int64, b *Batch) View {
 	s, e, excl := t.lock(key, now)
-	x := t.window(e, w, now)
+	x, _ := t.window(e, w, now)
 	p := &e.w[w]
 	size := t.sizeMS[w]
 	e.mu.Lock()
@@ -144,7 +151,7 @@ func (t *Table) AddPending(key string, w int, now, v int64, b *Batch) View {
 // and previous window at now. Settle b with Ack.
 func (t *Table) PeekReads(key string, w int, now int64, b *Batch) {
 	s, e, excl := t.lock(key, now)
-	x := t.window(e, w, now)
+	x, _ := t.window(e, w, now)
 	t.addRead(b, Ref{e: e, w: uint8(w), start: x}, e.key)
 	t.addRead(b, Ref{e: e, w: uint8(w), start: x - t.sizeMS[w]}, e.key)
 	s.unlock(excl)

@@ -73,6 +73,14 @@ func (p *pair) view(x, size int64) int64 {
 	return 0
 }
 
+// viewAt is view for a caller that knows x's parity: no division.
+func (p *pair) viewAt(x, size int64, par int) int64 {
+	if lat := p.latest.Load(); lat == noWindow || (x != lat && x != lat-size) {
+		return 0
+	}
+	return p.slot[par].view()
+}
+
 // rotate makes cur the newest window held, retiring what the reused slots
 // held. The caller holds e.mu. Windows never move backwards.
 func (e *Entry) rotate(t *Table, w int, cur int64) {
