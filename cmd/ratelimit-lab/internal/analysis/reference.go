@@ -1,0 +1,288 @@
+package analysis
+
+import "slices"
+
+// Decision flags of a recorded Hit.
+const (
+	// Allowed: the node admitted the hit.
+	Allowed uint8 = 1 << iota
+	// Degraded: the decision was made from local state because the store
+	// failed (synchronous mode).
+	Degraded
+	// Failed: Allow returned an error; the hit counts as neither admitted
+	// nor rejected.
+	Failed
+)
+
+// Hit is one check as the lab records it: 16 bytes, so a run can keep
+// millions of them.
+type Hit struct {
+	T     int64  // Unix nanoseconds (simulated or wall) of the check
+	Key   uint32 // key index
+	Node  uint16 // node that decided
+	Flags uint8  // Allowed, Degraded, Failed
+	_     uint8
+}
+
+// Limit is one policy in nanoseconds: at most Max cost per Window.
+type Limit struct {
+	Window int64 // ns, > 0
+	Max    int64 // > 0
+}
+
+// Options configures Analyze.
+type Options struct {
+	// Limits are the policies every hit was checked against.
+	Limits []Limit
+	// Cost is the cost of every hit (1 when 0).
+	Cost int64
+	// Fixed selects the fixed-window reference instead of the sliding log.
+	Fixed bool
+	// SeriesKey is the key whose per-window series Analyze returns.
+	SeriesKey uint32
+}
+
+// Result is what Analyze finds. Over-admission figures are about Limits[0]'s
+// window; decisions are judged against every limit.
+type Result struct {
+	Reference string // "sliding-log" or "fixed-window"
+
+	Hits     int64 // decided hits (Failed ones excluded)
+	Admitted int64 // hits the nodes admitted
+	Failed   int64 // hits whose Allow returned an error
+
+	// FalseRejections counts hits the nodes rejected although the hits they
+	// had admitted left room: for every limit, the cost admitted in the
+	// reference window before the hit, plus the hit's cost, was <= Max.
+	FalseRejections int64
+	// ExcessAdmissions counts hits the nodes admitted although, for some
+	// limit, the cost admitted in the reference window before the hit plus
+	// its own cost exceeded Max.
+	ExcessAdmissions int64
+	// RefAdmitted is how many of the same hits an exact limiter (the
+	// reference applied to its own decisions, from the start) admits.
+	RefAdmitted int64
+
+	// MaxOver is the largest over-admission of any key: the most cost the
+	// nodes admitted in one reference window (a trailing window (t-W, t] for
+	// the sliding log, an aligned window for the fixed reference) beyond Max.
+	MaxOver int64
+	// MeanOver is the mean over-admission over the (key, aligned window)
+	// pairs that admitted anything, where a pair's over-admission is the
+	// largest count of reference windows ending in it, beyond Max (0 if none).
+	MeanOver float64
+	// Windows counts those (key, aligned window) pairs; WindowsOver, those
+	// with a positive over-admission.
+	Windows, WindowsOver int64
+
+	// Series is SeriesKey's per-aligned-window history; AllKeys the same
+	// summed (Offered, Admitted) or maximised (MaxTrailing) over keys.
+	Series, AllKeys []WindowPoint
+}
+
+// WindowPoint describes one aligned window of Limits[0].
+type WindowPoint struct {
+	Start       int64 // Unix ns of the window's start
+	Offered     int64 // hits
+	Admitted    int64 // hits the nodes admitted
+	MaxTrailing int64 // the most cost admitted in one reference window ending in this window
+}
+
+// FalseRejectionRate returns FalseRejections / Hits (0 when no hits).
+func (r *Result) FalseRejectionRate() float64 { return ratio(r.FalseRejections, r.Hits) }
+
+// ExcessAdmissionRate returns ExcessAdmissions / Hits (0 when no hits).
+func (r *Result) ExcessAdmissionRate() float64 { return ratio(r.ExcessAdmissions, r.Hits) }
+
+func ratio(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// window is the cost admitted in one limit's reference window, for one key:
+// the admitted hits' times and costs from lo on (sliding), or the current
+// aligned window's total (fixed).
+type window struct {
+	times []int64
+	costs []int64
+	lo    int
+	sum   int64 // cost of times[lo:], or of the current aligned window
+	start int64 // fixed: the current aligned window's start
+}
+
+// load returns the cost admitted in the reference window that ends at t,
+// excluding t's own hit: (t-W, t] for the sliding log, or t's aligned window.
+func (w *window) load(t int64, l Limit, fixed bool) int64 {
+	if fixed {
+		if s := floorDiv(t, l.Window) * l.Window; s != w.start {
+			w.start, w.sum = s, 0
+		}
+		return w.sum
+	}
+	for w.lo < len(w.times) && w.times[w.lo] <= t-l.Window {
+		w.sum -= w.costs[w.lo]
+		w.lo++
+	}
+	if w.lo > 1024 && w.lo > len(w.times)/2 { // keep the slice from growing without bound
+		n := copy(w.times, w.times[w.lo:])
+		copy(w.costs, w.costs[w.lo:])
+		w.times, w.costs, w.lo = w.times[:n], w.costs[:n], 0
+	}
+	return w.sum
+}
+
+// admit counts an admitted hit at t (after load at t).
+func (w *window) admit(t, cost int64, fixed bool) {
+	w.sum += cost
+	if !fixed {
+		w.times = append(w.times, t)
+		w.costs = append(w.costs, cost)
+	}
+}
+
+type keyState struct {
+	lab, ref []window // per limit: the nodes' admitted hits, the reference's own
+	// current aligned window of Limits[0] and its largest trailing load
+	curWin    int64
+	curMax    int64
+	hasWindow bool
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+// Analyze judges recorded hits against the reference limiter. Hits need not
+// be sorted; Analyze sorts a copy by time (stable, so hits at the same instant
+// keep their recorded order). The reference, per key and limit:
+//
+//   - sliding log: a hit at t is admissible when the cost admitted in (t-W, t]
+//     before it, plus its own cost, is at most Max;
+//   - fixed window: the same over the aligned window [floor(t/W)*W, +W).
+//
+// "Admitted before it" means by the nodes, for FalseRejections,
+// ExcessAdmissions and the over-admission figures (each decision is judged
+// against what was really admitted), and by the reference itself for
+// RefAdmitted.
+func Analyze(hits []Hit, opt Options) Result {
+	cost := opt.Cost
+	if cost <= 0 {
+		cost = 1
+	}
+	res := Result{Reference: "sliding-log"}
+	if opt.Fixed {
+		res.Reference = "fixed-window"
+	}
+	if len(opt.Limits) == 0 || len(hits) == 0 {
+		return res
+	}
+	sorted := slices.Clone(hits)
+	slices.SortStableFunc(sorted, func(a, b Hit) int {
+		switch {
+		case a.T < b.T:
+			return -1
+		case a.T > b.T:
+			return 1
+		}
+		return 0
+	})
+	w0 := opt.Limits[0].Window
+	first := floorDiv(sorted[0].T, w0)
+	nwin := int(floorDiv(sorted[len(sorted)-1].T, w0)-first) + 1
+	res.AllKeys = make([]WindowPoint, nwin)
+	res.Series = make([]WindowPoint, nwin)
+	for i := range nwin {
+		res.AllKeys[i].Start = (first + int64(i)) * w0
+		res.Series[i].Start = res.AllKeys[i].Start
+	}
+	states := map[uint32]*keyState{}
+	var sumOver float64
+	closeWindow := func(st *keyState) {
+		if !st.hasWindow {
+			return
+		}
+		res.Windows++
+		over := st.curMax - opt.Limits[0].Max
+		if over > 0 {
+			res.WindowsOver++
+			sumOver += float64(over)
+			res.MaxOver = max(res.MaxOver, over)
+		}
+		st.hasWindow = false
+	}
+	for _, h := range sorted {
+		if h.Flags&Failed != 0 {
+			res.Failed++
+			continue
+		}
+		st := states[h.Key]
+		if st == nil {
+			st = &keyState{lab: make([]window, len(opt.Limits)), ref: make([]window, len(opt.Limits)), curWin: -1 << 62}
+			for i := range st.lab {
+				st.lab[i].start, st.ref[i].start = -1<<62, -1<<62
+			}
+			states[h.Key] = st
+		}
+		res.Hits++
+		admitted := h.Flags&Allowed != 0
+		fits, refFits := true, true
+		for i, l := range opt.Limits {
+			if st.lab[i].load(h.T, l, opt.Fixed)+cost > l.Max {
+				fits = false
+			}
+			if st.ref[i].load(h.T, l, opt.Fixed)+cost > l.Max {
+				refFits = false
+			}
+		}
+		if refFits {
+			res.RefAdmitted++
+			for i := range opt.Limits {
+				st.ref[i].admit(h.T, cost, opt.Fixed)
+			}
+		}
+		win := floorDiv(h.T, w0)
+		if win != st.curWin {
+			closeWindow(st)
+			st.curWin, st.curMax = win, 0
+		}
+		wi := int(win - first)
+		res.AllKeys[wi].Offered++
+		if h.Key == opt.SeriesKey {
+			res.Series[wi].Offered++
+		}
+		if !admitted {
+			if fits {
+				res.FalseRejections++
+			}
+			continue
+		}
+		res.Admitted++
+		if !fits {
+			res.ExcessAdmissions++
+		}
+		for i := range opt.Limits {
+			st.lab[i].admit(h.T, cost, opt.Fixed)
+		}
+		st.hasWindow = true
+		st.curMax = max(st.curMax, st.lab[0].sum)
+		res.AllKeys[wi].Admitted++
+		res.AllKeys[wi].MaxTrailing = max(res.AllKeys[wi].MaxTrailing, st.lab[0].sum)
+		if h.Key == opt.SeriesKey {
+			res.Series[wi].Admitted++
+			res.Series[wi].MaxTrailing = max(res.Series[wi].MaxTrailing, st.lab[0].sum)
+		}
+	}
+	for _, st := range states {
+		closeWindow(st)
+	}
+	if res.Windows > 0 {
+		res.MeanOver = sumOver / float64(res.Windows)
+	}
+	return res
+}
