@@ -349,14 +349,15 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (m *core) writeHeaders(h http.Header, ru *rule, i int, d ratelimit.Decision) {
-	h["Ratelimit-Policy"] = []string{ru.policy}
 	var buf [96]byte
 	b := append(buf[:0], ru.names[i]...)
 	b = append(b, ";r="...)
 	b = strconv.AppendInt(b, min(d.Remaining, maxSFInteger), 10)
 	b = append(b, ";t="...)
 	b = strconv.AppendInt(b, min(ceilSeconds(d.Reset), maxSFInteger), 10)
-	h["Ratelimit"] = []string{string(b)}
+	// One allocation backs both fields' value slices.
+	vals := &[2]string{ru.policy, string(b)}
+	h["Ratelimit-Policy"], h["Ratelimit"] = vals[0:1:1], vals[1:2:2]
 	if m.legacy {
 		h["X-Ratelimit-Limit"] = []string{ru.maxes[i]}
 		h["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(d.Remaining, 10)}
