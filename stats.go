@@ -9,16 +9,35 @@ import (
 type Stats struct {
 	TrackedKeys      int           // keys held in memory now
 	Evictions        int64         // keys evicted by the MaxKeys cap
-	Syncs            int64         // background sync cycles run
-	SyncErrors       int64         // background sync cycles that failed
+	Syncs            int64         // sync cycles run (by the loop or Sync)
+	SyncErrors       int64         // sync cycles that failed
 	PendingHits      int64         // hits handed to pushes not yet settled
 	RetiredWindows   int           // evicted or rotated windows whose hits wait for a push
 	UnresolvedPushes int           // pushes whose outcome is unknown, to re-send
 	LastSync         time.Time     // when the last cycle ended (zero before the first)
 	LastSyncDuration time.Duration // how long the last cycle took
+	// Decisions counts Allow's answers per window size, in WindowSizes order.
+	Decisions []WindowDecisions
+}
+
+// WindowDecisions counts the decisions Allow made with a limit of one window
+// size as the binding limit.
+type WindowDecisions struct {
+	Window   time.Duration
+	Allowed  int64
+	Rejected int64
+	Degraded int64 // decisions made from local state because the store failed
+}
+
+// decisionCounters are one window size's WindowDecisions, padded so windows
+// counted by different cores do not share a cache line.
+type decisionCounters struct {
+	allowed, rejected, degraded atomic.Int64
+	_                           [40]byte
 }
 
 type stats struct {
+	decisions         []decisionCounters // per window size index
 	syncs, syncErrors atomic.Int64
 	lastSync          atomic.Int64 // Unix ns
 	lastDuration      atomic.Int64
@@ -32,6 +51,19 @@ func (s *stats) recordSync(start time.Time, err error) {
 	}
 	s.lastSync.Store(end.UnixNano())
 	s.lastDuration.Store(int64(end.Sub(start)))
+}
+
+// recordDecision counts one decision whose binding limit has window index i.
+func (s *stats) recordDecision(i int, allowed, degraded bool) {
+	c := &s.decisions[i]
+	if allowed {
+		c.allowed.Add(1)
+	} else {
+		c.rejected.Add(1)
+	}
+	if degraded {
+		c.degraded.Add(1)
+	}
 }
 
 // Stats returns a snapshot of the namespace's counters.
@@ -52,5 +84,10 @@ func (ns *Namespace) Stats() Stats {
 	ns.unresMu.Lock()
 	st.UnresolvedPushes = len(ns.unresolved)
 	ns.unresMu.Unlock()
+	for i := range ns.stats.decisions {
+		c := &ns.stats.decisions[i]
+		st.Decisions = append(st.Decisions, WindowDecisions{Window: ns.cfg.WindowSizes[i],
+			Allowed: c.allowed.Load(), Rejected: c.rejected.Load(), Degraded: c.degraded.Load()})
+	}
 	return st
 }

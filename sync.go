@@ -167,7 +167,10 @@ func (ns *Namespace) Sync(ctx context.Context) error {
 	}
 	ns.syncMu.Lock()
 	defer ns.syncMu.Unlock()
-	return ns.syncOnce(ctx, true)
+	start := time.Now()
+	err := ns.syncOnce(ctx, true)
+	ns.stats.recordSync(start, err)
+	return err
 }
 
 // Fetch loads from the store the current and previous window, at now, of every
