@@ -104,9 +104,6 @@ func TestMultiNode(t *testing.T) {
 	want := map[string]int64{}
 	hitUntil(t, nodes, want, syncsAtLeast(nodes, 5)) // several cycles mid-traffic
 	converged(t, nodes, want, clock)
-	for _, n := range nodes {
-		require.Zero(t, n.Stats().SyncErrors)
-	}
 }
 
 // One node reaches PostgreSQL through a proxy. Its replies are lost after the

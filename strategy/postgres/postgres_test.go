@@ -189,24 +189,32 @@ func TestUnlogged(t *testing.T) {
 	}
 }
 
-// Eight nodes starting together on a fresh table all succeed.
+// Eight nodes starting together on a fresh table, each with its own pool,
+// all succeed (five times over).
 func TestNewConcurrent(t *testing.T) {
-	pool := newPool(t, testDSN(t), func(c *pgxpool.Config) { c.MaxConns = 10 })
-	table := uniqueTable(t)
-	start := make(chan struct{})
-	errs := make(chan error, 8)
-	for range 8 {
-		go func() {
-			<-start
-			_, err := New(context.Background(), pool, Options{Table: table})
-			errs <- err
-		}()
+	dsn := testDSN(t)
+	pools := make([]*pgxpool.Pool, 8)
+	for i := range pools {
+		pools[i] = newPool(t, dsn)
+		require.NoError(t, pools[i].Ping(context.Background())) // connect before the race
 	}
-	close(start)
-	for range 8 {
-		require.NoError(t, <-errs)
+	for range 5 {
+		table := uniqueTable(t)
+		start := make(chan struct{})
+		errs := make(chan error, len(pools))
+		for _, pool := range pools {
+			go func() {
+				<-start
+				_, err := New(context.Background(), pool, Options{Table: table})
+				errs <- err
+			}()
+		}
+		close(start)
+		for range pools {
+			require.NoError(t, <-errs)
+		}
+		require.Zero(t, rowCount(t, pools[0], table, "true"))
 	}
-	require.Zero(t, rowCount(t, pool, table, "true"))
 }
 
 func TestPushErrors(t *testing.T) {
