@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -393,4 +394,22 @@ func canceledContext() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	return ctx
+}
+
+// If the server ever returned the upserted rows in another order than it
+// processed them, the identity check notices and the totals are read back.
+func TestReturningOrderChecked(t *testing.T) {
+	pool := newPool(t, testDSN(t))
+	s := newStore(t, pool, Options{})
+	const from = `SELECT key, window_size, window_start, count FROM up`
+	require.Contains(t, s.pushSQL, from)
+	s.pushSQL = strings.Replace(s.pushSQL, from, `SELECT key, window_size, window_start, count FROM (SELECT * FROM up ORDER BY key DESC) u`, 1)
+	diffs := []strategy.Diff{diff("a", time.Second, base, 1), diff("b", time.Second, base, 2), diff("c", time.Second, base, 3)}
+	b := &strategy.Batch{ID: "order", Namespace: "ns", Diffs: diffs, Reads: []strategy.CounterID{id("b", time.Second, base), id("z", time.Second, base)}}
+	for range 2 {
+		res, err := s.PushDiffs(context.Background(), b)
+		require.NoError(t, err)
+		require.Equal(t, []int64{1, 2, 3}, res.Totals)
+		require.Equal(t, []int64{2, 0}, res.Reads)
+	}
 }
