@@ -99,6 +99,7 @@ const maxInlineLimits = 4
 type lstate struct {
 	t       *shm.Table
 	ti      int   // index of t in the namespace's tables
+	idx     int   // index of the window in the namespace's WindowSizes
 	w       int   // index of the window in the table's entries
 	size    int64 // window size, ms
 	owner   int   // the first limit with the same window: it holds the counter's view
@@ -176,10 +177,19 @@ func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits 
 	if err != nil {
 		return Decision{}, err
 	}
-	count = count && cost > 0
+	d, bind := ns.decideIn(ctx, key, cost, limits, st, count && cost > 0)
+	if count { // Allow's answers are counted in Stats, Peek's are not
+		ns.stats.recordDecision(st[bind].idx, d.Allowed, d.Degraded)
+	}
+	return d, nil
+}
+
+// decideIn makes the decision for resolved arguments and returns it with the
+// index of the binding limit.
+func (ns *Namespace) decideIn(ctx context.Context, key string, cost int64, limits []Limit, st []lstate, count bool) (Decision, int) {
 	now := ns.now()
 	if ns.mode == modeSync {
-		return ns.decideSync(ctx, key, cost, limits, st, now, count), nil
+		return ns.decideSync(ctx, key, cost, limits, st, now, count)
 	}
 	if !count {
 		for j := range st {
@@ -188,7 +198,7 @@ func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits 
 			}
 		}
 		ok := admits(st, limits, now, cost, false)
-		return decision(st, limits, now, cost, ok, false), nil
+		return decision(st, limits, now, cost, ok, false)
 	}
 	for j := range st {
 		if st[j].owner == j {
@@ -203,11 +213,11 @@ func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits 
 			}
 		}
 	}
-	return decision(st, limits, now, cost, ok, true), nil
+	return decision(st, limits, now, cost, ok, true)
 }
 
-// decideSync is decide in synchronous mode.
-func (ns *Namespace) decideSync(ctx context.Context, key string, cost int64, limits []Limit, st []lstate, now int64, count bool) Decision {
+// decideSync is decideIn in synchronous mode.
+func (ns *Namespace) decideSync(ctx context.Context, key string, cost int64, limits []Limit, st []lstate, now int64, count bool) (Decision, int) {
 	// The circuit breaker: this node's view is the store's total as last
 	// learned plus the hits counted here since, a lower bound of the
 	// cluster's count. If it rejects, the store would too.
@@ -231,9 +241,9 @@ func (ns *Namespace) decideSync(ctx context.Context, key string, cost int64, lim
 	if !count {
 		err := ns.throughAll(ctx, key, st, now, 0)
 		ok := admits(st, limits, now, cost, false)
-		d := decision(st, limits, now, cost, ok, false)
+		d, bind := decision(st, limits, now, cost, ok, false)
 		d.Degraded = err != nil
-		return d
+		return d, bind
 	}
 	err := ns.throughAll(ctx, key, st, now, cost)
 	ok := admits(st, limits, now, cost, true)
@@ -260,9 +270,9 @@ func (ns *Namespace) decideSync(ctx context.Context, key string, cost int64, lim
 			degraded = degraded || err != nil
 		}
 	}
-	d := decision(st, limits, now, cost, ok, true)
+	d, bind := decision(st, limits, now, cost, ok, true)
 	d.Degraded = degraded
-	return d
+	return d, bind
 }
 
 // throughAll writes value through to the store for every counter of st in one
@@ -334,7 +344,7 @@ func (ns *Namespace) resolve(ctx context.Context, key string, cost int64, limits
 				break
 			}
 		}
-		st = append(st, lstate{t: ns.tables[i/2], ti: i / 2, w: i % 2, size: ns.sizeMS[i], owner: owner})
+		st = append(st, lstate{t: ns.tables[i/2], ti: i / 2, idx: i, w: i % 2, size: ns.sizeMS[i], owner: owner})
 		if l.Penalty {
 			st[owner].penalty = true
 		}
@@ -397,7 +407,8 @@ func admits(st []lstate, limits []Limit, now, cost int64, counted bool) bool {
 
 // decision builds the Decision from the counters' state after the call.
 // counted says the views include the cost when the request was admitted.
-func decision(st []lstate, limits []Limit, now, cost int64, ok, counted bool) Decision {
+// It also returns the index of the binding limit.
+func decision(st []lstate, limits []Limit, now, cost int64, ok, counted bool) (Decision, int) {
 	d := Decision{Allowed: ok, Remaining: math.MaxInt64}
 	bind := -1
 	var bindRetry int64
@@ -424,7 +435,7 @@ func decision(st []lstate, limits []Limit, now, cost int64, ok, counted bool) De
 	d.Limit = limits[bind]
 	d.Reset = time.Duration(resetAfter(v, st[bind].size, now, d.Limit.Fixed)) * time.Millisecond
 	d.RetryAfter = time.Duration(bindRetry) * time.Millisecond
-	return d
+	return d, bind
 }
 
 // load returns what a limit weighs at now for counts v plus cost: the sliding

@@ -827,3 +827,25 @@ func TestRefund(t *testing.T) {
 		})
 	}
 }
+
+func TestAllowStats(t *testing.T) {
+	clk := newDecClock(decEpoch)
+	ns, store := newDecNS(t, "sync", clk, time.Second, time.Minute)
+	ctx := context.Background()
+	ls := []ratelimit.Limit{{Window: time.Second, Max: 10}, {Window: time.Minute, Max: 2}}
+	for range 3 {
+		_, err := ns.Allow(ctx, "k", 1, ls...)
+		require.NoError(t, err)
+	}
+	_, err := ns.Peek(ctx, "k", 1, ls...) // not counted in Stats
+	require.NoError(t, err)
+	store.SetFaults(func(memory.Op) memory.Fault { return memory.Refuse })
+	d, err := ns.Allow(ctx, "other", 1, ls...)
+	require.NoError(t, err)
+	require.True(t, d.Degraded)
+	require.Equal(t, []ratelimit.WindowDecisions{
+		{Window: time.Second},
+		{Window: time.Minute, Allowed: 3, Rejected: 1, Degraded: 1},
+	}, ns.Stats().Decisions)
+	store.SetFaults(nil) // so Close can flush
+}
