@@ -25,7 +25,8 @@
 //	<KeyPrefix>:{<namespace>.<shard>}:b:<batch id>:<part>:<parts>
 //
 // with SET NX PX, and only when that key was new applies the increments
-// (HINCRBY, then PEXPIRE so no hash is ever left without a TTL). The same
+// (HINCRBY, then PEXPIRE whenever the increment may have created the hash, so
+// no hash is ever left without a TTL). The same
 // script reads the batch's other counters of that hash tag (Batch.Reads, for
 // example the previous windows) and returns every total. A re-sent batch finds
 // its part ids already recorded and answers with the current totals without
@@ -68,8 +69,10 @@
 // # Expiry
 //
 // Every hash gets a TTL of twice its window size plus Options.ExpiryMargin,
-// refreshed by every write, so a window outlives the time it can be read as
-// "previous window". Purge does nothing: Redis expires the counters itself.
+// set by the write that creates it and refreshed by every write that adds a
+// field, so a window outlives the time it can be read as "previous window"
+// as long as node clocks are less than ExpiryMargin ahead. Purge does
+// nothing: Redis expires the counters itself.
 //
 // # Clock
 //

@@ -59,8 +59,9 @@ type Options struct {
 	BatchSize int
 
 	// ExpiryMargin is added to twice the window size to give every hash its
-	// TTL (refreshed on every write), and so covers clock skew between nodes
-	// and late re-sends of a batch. It must not be negative.
+	// TTL (set when the hash is created, refreshed when a field is added),
+	// and so covers clock skew between nodes: keep it above the largest
+	// skew. It must not be negative.
 	// Default: 10s.
 	ExpiryMargin time.Duration
 
