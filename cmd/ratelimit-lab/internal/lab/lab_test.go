@@ -1,0 +1,141 @@
+package lab
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// simConfig is a short simulated run on the memory store: 10 keys under
+// 100/1s, 10 s of simulated time.
+func simConfig(nodes int, load float64) Config {
+	return Config{
+		Nodes: nodes, SyncRate: 100 * time.Millisecond, Limits: []Limit{{Window: time.Second, Max: 100}},
+		Duration: 10 * time.Second, Keys: 10, Load: load, Simulated: true,
+	}
+}
+
+func run(t *testing.T, c Config) *Result {
+	t.Helper()
+	r, err := Run(context.Background(), c)
+	require.NoError(t, err)
+	require.Zero(t, r.Errors)
+	require.Equal(t, c.MaxRecords != 0, r.Accuracy.Partial)
+	return r
+}
+
+// TestAccuracyEvenLoad is the seed's target: at 90% of the limit, perfectly
+// even, the sliding window must reject under 0.1% of requests; it should in
+// fact reject none, on any number of nodes.
+func TestAccuracyEvenLoad(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	for _, nodes := range []int{1, 4} {
+		r := run(t, simConfig(nodes, 0.9))
+		a := r.Accuracy.Sliding
+		require.Equal(t, int64(90*10*10), a.Hits) // 90 hits/s x 10 s x 10 keys
+		assert.Less(t, a.FalseRejectionRate(), 0.001, "nodes=%d", nodes)
+		assert.Equal(t, a.Hits, r.Admitted, "nodes=%d: every hit fits", nodes)
+	}
+}
+
+// TestAccuracyOverload checks over-admission at twice the limit against the
+// bound nodes x per-node rate x SyncRate. When every node learns every
+// node's hits at each boundary (two sync passes), the bound holds. With the
+// core's one push-and-read per cycle, a node that syncs before the others at
+// a boundary learns their hits one cycle later, so its information can be two
+// periods old: the bound doubles.
+func TestAccuracyOverload(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	for _, nodes := range []int{2, 4, 8} {
+		for _, passes := range []int{1, 2} {
+			c := simConfig(nodes, 2)
+			c.SyncPasses = passes
+			r := run(t, c)
+			a := View(&r.Accuracy.Sliding)
+			bound := r.Accuracy.Bound
+			require.InDelta(t, 20.0, bound, 1e-9) // 4 nodes x 50/s x 0.1 s, for any node count
+			if passes == 2 {
+				assert.LessOrEqual(t, float64(a.MaxOver), bound, "nodes=%d passes=%d", nodes, passes)
+			} else {
+				assert.LessOrEqual(t, float64(a.MaxOver), 2*bound, "nodes=%d passes=%d", nodes, passes)
+			}
+			// Over the run the cluster admits close to what an exact limiter would.
+			assert.InDelta(t, 1.0, a.AdmittedRatio, 0.15, "nodes=%d passes=%d", nodes, passes)
+			fixed := View(&r.Accuracy.Fixed)
+			assert.LessOrEqual(t, float64(fixed.MaxOver), 2*bound, "fixed reference, nodes=%d", nodes)
+		}
+	}
+}
+
+// TestAccuracyFixedMode runs fixed windows: judged against the fixed-window
+// reference, the nodes stay within the doubled bound.
+func TestAccuracyFixedMode(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	c := simConfig(4, 2)
+	c.Fixed = true
+	r := run(t, c)
+	f := r.PrimaryAccuracy()
+	require.Equal(t, "fixed-window", f.Reference)
+	assert.LessOrEqual(t, float64(f.MaxOver), 2*r.Accuracy.Bound)
+	c.Load = 0.9
+	r = run(t, c)
+	assert.Zero(t, r.PrimaryAccuracy().FalseRejections)
+}
+
+// TestAccuracySynchronous: writing every hit through, the nodes never exceed
+// the limit in any trailing window.
+func TestAccuracySynchronous(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	c := simConfig(4, 2)
+	c.SyncRate = 0
+	c.Duration = 5 * time.Second
+	r := run(t, c)
+	assert.Zero(t, r.Accuracy.Sliding.MaxOver)
+	assert.Zero(t, r.Accuracy.Bound)
+	assert.LessOrEqual(t, r.Admitted, r.Accuracy.Sliding.RefAdmitted)
+}
+
+// TestSimulatedIsDeterministic: the same seed gives the same decisions.
+func TestSimulatedIsDeterministic(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	c := simConfig(4, 1.5)
+	c.LB, c.Dist, c.Poisson, c.Duration = "random", "zipf", true, 5*time.Second
+	a, b := run(t, c), run(t, c)
+	assert.Equal(t, a.Checks, b.Checks)
+	assert.Equal(t, a.Admitted, b.Admitted)
+	assert.Equal(t, a.Accuracy.Sliding, b.Accuracy.Sliding)
+	assert.Equal(t, a.NodeChecks, b.NodeChecks)
+}
+
+// TestWallClockRun drives a short unpaced run on the wall clock and checks
+// the bookkeeping, not the speed.
+func TestWallClockRun(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	c := Config{Nodes: 2, SyncRate: 10 * time.Millisecond, Limits: []Limit{{Window: time.Second, Max: 100}, {Window: time.Minute, Max: 1000}},
+		Duration: 100 * time.Millisecond, Keys: 50, Unpaced: true, Workers: 2, MaxRecords: 1000}
+	r := run(t, c)
+	require.Positive(t, r.Checks)
+	var sum int64
+	for _, n := range r.NodeChecks {
+		sum += n
+	}
+	assert.Equal(t, r.Checks, sum)
+	assert.Equal(t, r.Checks, int64(r.Hist.Count()))
+	assert.LessOrEqual(t, r.Accuracy.Recorded, int64(1000))
+	assert.Positive(t, r.Store.Pushes)
+}
+
+func TestParseLimit(t *testing.T) {
+	l, err := ParseLimit("100/1s")
+	require.NoError(t, err)
+	assert.Equal(t, Limit{Window: time.Second, Max: 100}, l)
+	assert.Equal(t, "100/1s", l.String())
+	for _, bad := range []string{"100", "0/1s", "x/1s", "100/0s", "100/1.5ms"} {
+		_, err := ParseLimit(bad)
+		assert.Error(t, err, bad)
+	}
+}

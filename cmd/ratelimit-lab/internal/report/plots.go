@@ -1,0 +1,163 @@
+package report
+
+import (
+	"fmt"
+	"image/color"
+	"math"
+	"slices"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+
+	"github.com/ratesync/ratelimit/cmd/ratelimit-lab/internal/lab"
+)
+
+// plot sizes
+const (
+	plotW = 8 * vg.Inch
+	plotH = 4.5 * vg.Inch
+)
+
+// PlotWindows draws, per aligned window of the first limit, what key 0 was
+// offered and admitted, the most it admitted in one reference window ending
+// there, the same maximum over all keys, and the limit. The file's extension
+// (.png, .svg) picks the format.
+func PlotWindows(r *lab.Result, file string) error {
+	a := r.PrimaryAccuracy()
+	if len(a.Series) == 0 {
+		return fmt.Errorf("no recorded hits to plot")
+	}
+	p := plot.New()
+	p.Title.Text = "Admitted per window vs the limit: " + Describe(r.Config)
+	p.Title.TextStyle.Font.Size = vg.Points(8)
+	p.X.Label.Text = "window start (s from the run's start)"
+	p.Y.Label.Text = "hits"
+	w0 := float64(r.Config.Limits[0].Window) / 1e9
+	pts := func(get func(i int) int64) plotter.XYs {
+		xy := make(plotter.XYs, len(a.Series))
+		for i := range a.Series {
+			xy[i].X = float64(i) * w0
+			xy[i].Y = float64(get(i))
+		}
+		return xy
+	}
+	limit := make(plotter.XYs, 2)
+	limit[0] = plotter.XY{X: 0, Y: float64(r.Config.Limits[0].Max)}
+	limit[1] = plotter.XY{X: float64(len(a.Series)-1) * w0, Y: float64(r.Config.Limits[0].Max)}
+	err := plotutil.AddLines(p,
+		"key 0 offered", pts(func(i int) int64 { return a.Series[i].Offered }),
+		"key 0 admitted (aligned window)", pts(func(i int) int64 { return a.Series[i].Admitted }),
+		"key 0 most admitted in one "+a.Reference+" window", pts(func(i int) int64 { return a.Series[i].MaxTrailing }),
+		"all keys: most admitted in one "+a.Reference+" window", pts(func(i int) int64 { return a.AllKeys[i].MaxTrailing }),
+	)
+	if err != nil {
+		return err
+	}
+	l, err := plotter.NewLine(limit)
+	if err != nil {
+		return err
+	}
+	l.Color = color.Black
+	l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+	p.Add(l)
+	p.Legend.Add("limit", l)
+	p.Legend.Top = true
+	p.Legend.TextStyle.Font.Size = vg.Points(8)
+	p.Y.Min = 0
+	return p.Save(plotW, plotH, file)
+}
+
+// PlotLatency draws the cumulative distribution of check latency of each
+// run, on a log time axis.
+func PlotLatency(rs []*lab.Result, labels []string, file string) error {
+	p := plot.New()
+	p.Title.Text = "Check latency (Allow), cumulative distribution"
+	p.X.Label.Text = "latency (µs, log scale)"
+	p.Y.Label.Text = "fraction of checks at or below"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	var vs []any
+	for i, r := range rs {
+		n := float64(r.Hist.Count())
+		if n == 0 {
+			continue
+		}
+		var xy plotter.XYs
+		var cum float64
+		for _, b := range r.Hist.Buckets() {
+			cum += float64(b.Count)
+			xy = append(xy, plotter.XY{X: math.Max(float64(b.High), 1) / 1e3, Y: cum / n})
+		}
+		vs = append(vs, labels[i], xy)
+	}
+	if err := plotutil.AddLines(p, vs...); err != nil {
+		return err
+	}
+	p.Legend.Top = false
+	p.Legend.Left = false
+	p.Legend.XOffs = -vg.Points(10)
+	p.Legend.YOffs = vg.Points(20)
+	p.Legend.TextStyle.Font.Size = vg.Points(8)
+	return p.Save(plotW, plotH, file)
+}
+
+// PlotSweep draws the largest over-admission per window against SyncRate,
+// one line per node count, with the bound nodes x per-node rate x SyncRate.
+// Both axes are logarithmic; an over-admission of 0 is drawn at 0.5.
+func PlotSweep(rs []*lab.Result, file string) error {
+	byNodes := map[int]plotter.XYs{}
+	bound := map[float64]float64{}
+	for _, r := range rs {
+		if r.Config.SyncRate <= 0 {
+			continue
+		}
+		x := r.Config.SyncRate.Seconds()
+		byNodes[r.Config.Nodes] = append(byNodes[r.Config.Nodes], plotter.XY{X: x, Y: math.Max(float64(r.PrimaryAccuracy().MaxOver), 0.5)})
+		bound[x] = math.Max(bound[x], r.Accuracy.Bound)
+	}
+	if len(byNodes) == 0 {
+		return fmt.Errorf("no async runs to plot")
+	}
+	p := plot.New()
+	c := rs[0].Config
+	p.Title.Text = fmt.Sprintf("Worst over-admission per window vs SyncRate (%s, limit %v, %.3g hits/s per key, %s)", c.Strategy, c.Limits[0], c.Rate, c.LB)
+	p.Title.TextStyle.Font.Size = vg.Points(9)
+	p.X.Label.Text = "SyncRate (s, log scale)"
+	p.Y.Label.Text = "hits over the limit in one window (log; 0 drawn as 0.5)"
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	var nodes []int
+	for n := range byNodes {
+		nodes = append(nodes, n)
+	}
+	slices.Sort(nodes)
+	var vs []any
+	for _, n := range nodes {
+		xy := byNodes[n]
+		slices.SortFunc(xy, func(a, b plotter.XY) int { return int(math.Copysign(1, a.X-b.X)) })
+		vs = append(vs, fmt.Sprintf("%d nodes", n), xy)
+	}
+	if err := plotutil.AddLinePoints(p, vs...); err != nil {
+		return err
+	}
+	var bxy plotter.XYs
+	for x, y := range bound {
+		bxy = append(bxy, plotter.XY{X: x, Y: math.Max(y, 0.5)})
+	}
+	slices.SortFunc(bxy, func(a, b plotter.XY) int { return int(math.Copysign(1, a.X-b.X)) })
+	l, err := plotter.NewLine(bxy)
+	if err != nil {
+		return err
+	}
+	l.Color = color.Black
+	l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+	p.Add(l)
+	p.Legend.Add("bound: nodes x per-node rate x SyncRate", l)
+	p.Legend.Top = true
+	p.Legend.Left = true
+	p.Legend.TextStyle.Font.Size = vg.Points(8)
+	return p.Save(plotW, plotH, file)
+}
