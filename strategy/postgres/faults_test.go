@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -81,12 +82,21 @@ func TestLostCommit(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		retries int
+		mode    pgx.QueryExecMode
 	}{
-		{"CallerRetries", -1}, // every cut reaches the caller, which re-sends
-		{"StoreRetries", 0},   // the store re-sends at once (default MaxRetries)
+		{"CallerRetries", -1, 0}, // every cut reaches the caller, which re-sends
+		{"StoreRetries", 0, 0},   // the store re-sends at once (default MaxRetries)
+		// pgx reports a reply lost in simple-protocol mode as "conn closed",
+		// which claims SafeToRetry: it must not pass for "not applied".
+		{"SimpleProtocol", -1, pgx.QueryExecModeSimpleProtocol},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			p, pool := newProxy(t, dsn, func(cfg *pgxpool.Config) { cfg.MaxConns = 2 })
+			p, pool := newProxy(t, dsn, func(cfg *pgxpool.Config) {
+				cfg.MaxConns = 2
+				if c.mode != 0 {
+					cfg.ConnConfig.DefaultQueryExecMode = c.mode
+				}
+			})
 			s := newStore(t, pool, Options{Table: table, MaxRetries: c.retries})
 			ns := "lost-commit-" + c.name
 			want := lostCommits(t, s, p, ns, 200)

@@ -58,7 +58,8 @@
 // A push error wraps strategy.ErrNotApplied when nothing can have been
 // written: the context was done before sending, no connection could be
 // acquired, pgx reports that the failure happened before anything was sent
-// (pgconn.SafeToRetry), the server answered the statement with an ERROR (its
+// (pgconn.SafeToRetry, except for "conn closed", which pgx 5.12 also reports
+// when a reply is lost in simple-protocol mode), the server answered the statement with an ERROR (its
 // transaction was rolled back), or the batch named a window size that is not
 // a positive whole number of milliseconds. Any other error (connection lost
 // or deadline passed after the statement was sent, a FATAL message) leaves the

@@ -376,7 +376,14 @@ func notApplied(err error) bool {
 		return false
 	}
 	var ae *acquireError
-	if errors.As(err, &ae) || pgconn.SafeToRetry(err) {
+	if errors.As(err, &ae) {
+		return true
+	}
+	// pgx 5.12 also reports "conn closed" (SafeToRetry) when the connection
+	// broke while the reply was read: in simple-protocol mode,
+	// MultiResultReader.NextResult drops the read error and the next read
+	// finds the connection closed. So "conn closed" proves nothing.
+	if pgconn.SafeToRetry(err) && !errors.Is(err, pgconn.ErrConnClosed) {
 		return true
 	}
 	// An ERROR reply means the server rolled the statement's transaction
