@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"math"
 	"time"
 
 	"github.com/ratesync/ratelimit/strategy"
@@ -41,41 +40,4 @@ func SlidingRate(current, previous int64, t time.Time, size time.Duration) float
 
 func slidingRate(current, previous, now, start, size int64) float64 {
 	return float64(current) + float64(previous)*weight(now, start, size)
-}
-
-// untilRateBelow returns how long after now, with no new hits, the sliding rate
-// of a window of size starting at start, holding current and previous, first
-// becomes at most limit, following the rate across the window boundary. It is
-// 0 when the rate already is at most limit. Times are Unix milliseconds.
-func untilRateBelow(current, previous, now, start, size int64, limit float64) time.Duration {
-	if slidingRate(current, previous, now, start, size) <= limit {
-		return 0
-	}
-	end := start + size
-	// Within this window the rate falls linearly as previous's weight shrinks:
-	// current + previous*(end-t)/size <= limit  <=>  t >= end - (limit-current)*size/previous.
-	if previous > 0 && float64(current) <= limit {
-		t := float64(end) - (limit-float64(current))*float64(size)/float64(previous)
-		ms := int64(math.Ceil(t))
-		// Guard float rounding: step forward until the rate really is at most limit.
-		for ms < end && slidingRate(current, previous, ms, start, size) > limit {
-			ms++
-		}
-		if ms < end {
-			return time.Duration(max(ms-now, 0)) * time.Millisecond
-		}
-	}
-	// In the next window, current becomes previous: rate = current*(end+size-t)/size.
-	if current <= 0 {
-		return time.Duration(max(end-now, 0)) * time.Millisecond
-	}
-	if limit < 0 {
-		return time.Duration(max(end+size-now, 0)) * time.Millisecond
-	}
-	t := float64(end+size) - limit*float64(size)/float64(current)
-	ms := max(int64(math.Ceil(t)), end)
-	for ms < end+size && slidingRate(0, current, ms, end, size) > limit {
-		ms++
-	}
-	return time.Duration(max(ms-now, 0)) * time.Millisecond
 }

@@ -1,11 +1,12 @@
 package ratelimit
 
 import (
-	"math"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/ratesync/ratelimit/strategy"
 )
 
 func TestWeight(t *testing.T) {
@@ -18,28 +19,19 @@ func TestWeight(t *testing.T) {
 	require.Equal(t, time.UnixMilli(-60_000), WindowStart(time.UnixMilli(-1), time.Minute))
 }
 
-func TestUntilRateBelow(t *testing.T) {
-	const size = 60_000
-	// 10 current, 40 previous, 30 s in: rate 30. At most 20 is reached at 45 s.
-	require.Equal(t, 15*time.Second, untilRateBelow(10, 40, 30_000, 0, size, 20))
-	require.Zero(t, untilRateBelow(10, 40, 30_000, 0, size, 30))
-	// Current alone exceeds the limit: wait into the next window.
-	d := untilRateBelow(50, 0, 0, 0, size, 25)
-	require.Equal(t, 90*time.Second, d) // next window, rate 50*(60-t)/60 <= 25 at t=30 s
-}
-
 // FuzzSlidingRate checks the window arithmetic's invariants for any counts,
-// instant and size.
+// instant and size. (decision_test.go fuzzes RetryAfter against a brute-force
+// scan.)
 func FuzzSlidingRate(f *testing.F) {
-	f.Add(int64(10), int64(40), int64(1_700_000_070_000), int64(60_000), 20.0)
-	f.Add(int64(0), int64(0), int64(-1), int64(1), 0.0)
-	f.Add(int64(1), int64(1_000_000), int64(123_456_789), int64(999), 0.5)
-	f.Fuzz(func(t *testing.T, cur, prev, now, size int64, limit float64) {
+	f.Add(int64(10), int64(40), int64(1_700_000_070_000), int64(60_000))
+	f.Add(int64(0), int64(0), int64(-1), int64(1))
+	f.Add(int64(1), int64(1_000_000), int64(123_456_789), int64(999))
+	f.Fuzz(func(t *testing.T, cur, prev, now, size int64) {
 		if size <= 0 || size > 1<<40 || cur < 0 || prev < 0 || cur > 1<<40 || prev > 1<<40 ||
-			now > 1<<50 || now < -(1<<50) || math.IsNaN(limit) || math.IsInf(limit, 0) || limit < 0 || limit > 1<<41 {
+			now > 1<<50 || now < -(1<<50) {
 			t.Skip()
 		}
-		start := windowStart(now, size)
+		start := strategy.WindowStart(now, time.Duration(size)*time.Millisecond)
 		if now < start || now >= start+size || (start/size)*size != start {
 			t.Fatalf("window %d of size %d does not hold %d", start, size, now)
 		}
@@ -51,40 +43,5 @@ func FuzzSlidingRate(f *testing.F) {
 		if r < float64(cur) || r > float64(cur)+float64(prev) {
 			t.Fatalf("rate %v outside [%d, %d]", r, cur, cur+prev)
 		}
-		d := untilRateBelow(cur, prev, now, start, size, limit)
-		if d < 0 {
-			t.Fatalf("negative wait %v", d)
-		}
-		later := now + d.Milliseconds()
-		got := rateAt(cur, prev, later, start, size)
-		if got > limit+1e-9 {
-			t.Fatalf("after waiting %v the rate is %v > %v", d, got, limit)
-		}
-		if d >= time.Millisecond {
-			if before := rateAt(cur, prev, later-1, start, size); before <= limit {
-				t.Fatalf("the rate was already %v <= %v a millisecond before the wait ended", before, limit)
-			}
-		}
 	})
-}
-
-// rateAt follows a key with no new hits: at t, in the window starting at start,
-// or in the windows after it.
-func rateAt(cur, prev, t, start, size int64) float64 {
-	switch {
-	case t < start+size:
-		return slidingRate(cur, prev, t, start, size)
-	case t < start+2*size:
-		return slidingRate(0, cur, t, start+size, size)
-	default:
-		return 0
-	}
-}
-
-func windowStart(t, size int64) int64 {
-	q := t / size
-	if t%size < 0 {
-		q--
-	}
-	return q * size
 }
