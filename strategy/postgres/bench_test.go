@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -99,4 +101,33 @@ func BenchmarkGetCounters100k(b *testing.B) {
 			b.ReportMetric(float64(2*n*b.N)/b.Elapsed().Seconds(), "counters/s")
 		})
 	}
+}
+
+// BenchmarkPushDiffsParallel is many nodes' small sync cycles at once: each
+// push carries 100 diffs over 10,000 shared keys (uniformly drawn), from as
+// many goroutines as GOMAXPROCS, each push its own batch.
+//
+//	go test -run '^$' -bench PushDiffsParallel -benchtime=200x ./strategy/postgres/
+func BenchmarkPushDiffsParallel(b *testing.B) {
+	const nkeys, perPush = 10_000, 100
+	pool := newPool(b, testDSN(b))
+	s := newStore(b, pool, Options{})
+	ctx := context.Background()
+	var seq atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		rng := rand.New(rand.NewPCG(uint64(seq.Add(1)), 7))
+		diffs := make([]strategy.Diff, perPush)
+		for pb.Next() {
+			for i, k := range rng.Perm(nkeys)[:perPush] {
+				diffs[i] = diff(fmt.Sprintf("user-%05d", k), time.Minute, base, 1)
+			}
+			bt := &strategy.Batch{ID: fmt.Sprintf("par-%d", seq.Add(1)), Namespace: "bench", Diffs: diffs}
+			if _, err := s.PushDiffs(ctx, bt); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(perPush*b.N)/b.Elapsed().Seconds(), "counters/s")
 }
