@@ -66,19 +66,23 @@ func PlotWindows(r *lab.Result, file string) error {
 	p.Legend.Top = true
 	p.Legend.TextStyle.Font.Size = vg.Points(8)
 	p.Y.Min = 0
+	p.Y.Max *= 1.15 // room for the legend above the lines
 	return p.Save(plotW, plotH, file)
 }
 
-// PlotLatency draws the cumulative distribution of check latency of each
-// run, on a log time axis.
+// PlotLatency draws the latency percentile distribution of each run, as
+// HdrHistogram does: the x axis is 1/(1-q) on a log scale, so p50, p90, p99,
+// p99.9 and p99.99 are evenly spaced, and the y axis is the latency (log).
 func PlotLatency(rs []*lab.Result, labels []string, file string) error {
 	p := plot.New()
-	p.Title.Text = "Check latency (Allow), cumulative distribution"
-	p.X.Label.Text = "latency (µs, log scale)"
-	p.Y.Label.Text = "fraction of checks at or below"
-	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Title.Text = "Check latency (Allow) by percentile"
+	p.X.Label.Text = "percentile"
+	p.Y.Label.Text = "latency (µs, log scale)"
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	p.X.Tick.Marker = percentileTicks{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	var vs []any
+	xmax := 10.0
 	for i, r := range rs {
 		n := float64(r.Hist.Count())
 		if n == 0 {
@@ -88,19 +92,36 @@ func PlotLatency(rs []*lab.Result, labels []string, file string) error {
 		var cum float64
 		for _, b := range r.Hist.Buckets() {
 			cum += float64(b.Count)
-			xy = append(xy, plotter.XY{X: math.Max(float64(b.High), 1) / 1e3, Y: cum / n})
+			q := math.Min(cum/n, 1-1/n) // the last bucket holds the max: draw it at 1-1/n
+			xy = append(xy, plotter.XY{X: 1 / (1 - q), Y: math.Max(float64(b.High), 1) / 1e3})
 		}
+		xmax = math.Max(xmax, n)
 		vs = append(vs, labels[i], xy)
 	}
 	if err := plotutil.AddLines(p, vs...); err != nil {
 		return err
 	}
-	p.Legend.Top = false
-	p.Legend.Left = false
-	p.Legend.XOffs = -vg.Points(10)
-	p.Legend.YOffs = vg.Points(20)
+	p.X.Min, p.X.Max = 1, xmax
+	p.Legend.Top = true
+	p.Legend.Left = true
 	p.Legend.TextStyle.Font.Size = vg.Points(8)
 	return p.Save(plotW, plotH, file)
+}
+
+// percentileTicks labels a 1/(1-q) axis with percentiles.
+type percentileTicks struct{}
+
+func (percentileTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ts []plot.Tick
+	for _, t := range []struct {
+		x     float64
+		label string
+	}{{1, "0%"}, {2, "50%"}, {10, "90%"}, {100, "99%"}, {1e3, "99.9%"}, {1e4, "99.99%"}, {1e5, "99.999%"}, {1e6, "99.9999%"}, {1e7, "99.99999%"}} {
+		if t.x >= lo && t.x <= hi {
+			ts = append(ts, plot.Tick{Value: t.x, Label: t.label})
+		}
+	}
+	return ts
 }
 
 // PlotSweep draws the largest over-admission per window against SyncRate,
@@ -125,7 +146,7 @@ func PlotSweep(rs []*lab.Result, file string) error {
 	p.Title.Text = fmt.Sprintf("Worst over-admission per window vs SyncRate (%s, limit %v, %.3g hits/s per key, %s)", c.Strategy, c.Limits[0], c.Rate, c.LB)
 	p.Title.TextStyle.Font.Size = vg.Points(9)
 	p.X.Label.Text = "SyncRate (s, log scale)"
-	p.Y.Label.Text = "hits over the limit in one window (log; 0 drawn as 0.5)"
+	p.Y.Label.Text = "most hits over the limit in a window"
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
@@ -143,21 +164,40 @@ func PlotSweep(rs []*lab.Result, file string) error {
 	if err := plotutil.AddLinePoints(p, vs...); err != nil {
 		return err
 	}
-	var bxy plotter.XYs
-	for x, y := range bound {
-		bxy = append(bxy, plotter.XY{X: x, Y: math.Max(y, 0.5)})
+	ymax := 1.0
+	for _, xy := range byNodes {
+		for _, pt := range xy {
+			ymax = math.Max(ymax, pt.Y)
+		}
 	}
-	slices.SortFunc(bxy, func(a, b plotter.XY) int { return int(math.Copysign(1, a.X-b.X)) })
-	l, err := plotter.NewLine(bxy)
-	if err != nil {
-		return err
+	for i, k := range []float64{1, 2} {
+		var bxy plotter.XYs
+		for x, y := range bound {
+			bxy = append(bxy, plotter.XY{X: x, Y: math.Max(k*y, 0.5)})
+			ymax = math.Max(ymax, k*y)
+		}
+		slices.SortFunc(bxy, func(a, b plotter.XY) int { return int(math.Copysign(1, a.X-b.X)) })
+		l, err := plotter.NewLine(bxy)
+		if err != nil {
+			return err
+		}
+		l.Color = color.Black
+		l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		name := "bound B = nodes x per-node rate x SyncRate"
+		if i == 1 {
+			l.Color = color.Gray{Y: 140}
+			l.Dashes = []vg.Length{vg.Points(1), vg.Points(2)}
+			name = "2B (one push-and-read per cycle)"
+		}
+		p.Add(l)
+		p.Legend.Add(name, l)
 	}
-	l.Color = color.Black
-	l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-	p.Add(l)
-	p.Legend.Add("bound: nodes x per-node rate x SyncRate", l)
-	p.Legend.Top = true
-	p.Legend.Left = true
+	p.Y.Min, p.Y.Max = 0.4, ymax*1.5
+	p.Legend.Top = false
+	p.Legend.Left = false
+	p.Legend.XOffs = -vg.Points(5)
+	p.Legend.YOffs = vg.Points(5)
 	p.Legend.TextStyle.Font.Size = vg.Points(8)
+	p.Title.Text += "; 0 drawn as 0.5"
 	return p.Save(plotW, plotH, file)
 }
