@@ -104,6 +104,7 @@ type lstate struct {
 	size    int64 // window size, ms
 	owner   int   // the first limit with the same window: it holds the counter's view
 	penalty bool  // (owner only) some limit on this counter counts rejected hits
+	served  bool  // (owner only) applyLocal has reached this counter in the current pass
 	v       shm.View
 }
 
@@ -192,26 +193,14 @@ func (ns *Namespace) decideIn(ctx context.Context, key string, cost int64, limit
 		return ns.decideSync(ctx, key, cost, limits, st, now, count)
 	}
 	if !count {
-		for j := range st {
-			if st[j].owner == j {
-				st[j].v = st[j].t.Peek(key, st[j].w, now)
-			}
-		}
+		applyLocal(key, st, now, 0, true, false)
 		ok := admits(st, limits, now, cost, false)
 		return decision(st, limits, now, cost, ok, false)
 	}
-	for j := range st {
-		if st[j].owner == j {
-			st[j].v = st[j].t.Add(key, st[j].w, now, cost)
-		}
-	}
+	applyLocal(key, st, now, cost, false, false)
 	ok := admits(st, limits, now, cost, true)
 	if !ok {
-		for j := range st {
-			if st[j].owner == j && !st[j].penalty {
-				st[j].v = st[j].t.Add(key, st[j].w, now, -cost)
-			}
-		}
+		applyLocal(key, st, now, -cost, false, true)
 	}
 	return decision(st, limits, now, cost, ok, true)
 }
@@ -316,6 +305,36 @@ func (ns *Namespace) sendAndView(ctx context.Context, p *push, key string, st []
 		}
 	}
 	return err
+}
+
+// applyLocal adds value to the counter of every owner in st (or only reads
+// them, with peek; skipping owners with a penalty, with spare) and stores the
+// views, with one table lookup per table: the two window sizes of an entry
+// are served together.
+func applyLocal(key string, st []lstate, now, value int64, peek, spare bool) {
+	for j := range st {
+		st[j].served = false
+	}
+	for j := range st {
+		if st[j].owner != j || st[j].served || (spare && st[j].penalty) {
+			continue
+		}
+		var mask uint8
+		var owners [2]int
+		for k := j; k < len(st); k++ {
+			if st[k].owner == k && st[k].ti == st[j].ti && !(spare && st[k].penalty) {
+				mask |= 1 << st[k].w
+				owners[st[k].w] = k
+				st[k].served = true
+			}
+		}
+		views := st[j].t.AddWindows(key, now, mask, [2]int64{value, value}, peek)
+		for w := range 2 {
+			if mask&(1<<w) != 0 {
+				st[owners[w]].v = views[w]
+			}
+		}
+	}
 }
 
 // resolve validates a decision's arguments and fills st, one entry per limit.

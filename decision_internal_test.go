@@ -1,8 +1,12 @@
 package ratelimit
 
 import (
+	"context"
 	"math/rand/v2"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/ratesync/ratelimit/shm"
 )
@@ -76,4 +80,22 @@ func FuzzRetryAfter(f *testing.F) {
 		now := start + ((offset%size)+size)%size
 		checkRetry(t, shm.View{Start: start, Cur: cur, Prev: prev}, size, now, cost, Limit{Max: max, Fixed: fixed})
 	})
+}
+
+func TestApplyLocalManyLimitsCountsOnce(t *testing.T) {
+	reg := NewRegistry()
+	ns, err := reg.New(Config{WindowSizes: []time.Duration{time.Second, time.Minute, time.Hour}, SyncRate: -1})
+	require.NoError(t, err)
+	limits := make([]Limit, 0, 100)
+	for i := range 100 {
+		limits = append(limits, Limit{Window: []time.Duration{time.Second, time.Minute, time.Hour}[i%3], Max: 1000})
+	}
+	d, err := ns.Allow(context.Background(), "k", 1, limits...)
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	for _, w := range []time.Duration{time.Second, time.Minute, time.Hour} {
+		r, err := ns.SlidingWindow(context.Background(), "k", w)
+		require.NoError(t, err)
+		require.Equal(t, 1.0, r, "a hit counts once per window however many limits name it (%v)", w)
+	}
 }

@@ -156,3 +156,34 @@ func (t *Table) PeekReads(key string, w int, now int64, b *Batch) {
 	t.addRead(b, Ref{e: e, w: uint8(w), start: x - t.sizeMS[w]}, e.key)
 	s.unlock(excl)
 }
+
+// AddWindows is Add for several window sizes of one key at once: for each
+// size index w whose bit is set in mask (bit 0 for index 0, bit 1 for index
+// 1), it adds v[w] (none when peek is set) and returns the view. One lookup
+// serves both sizes, which is what a check against several limits needs.
+// Unused indexes get a zero View.
+func (t *Table) AddWindows(key string, now int64, mask uint8, v [2]int64, peek bool) [2]View {
+	var out [2]View
+	s, e, excl := t.lock(key, now)
+	for w := range t.n {
+		if mask&(1<<w) == 0 {
+			continue
+		}
+		x, par := t.window(e, w, now)
+		p := &e.w[w]
+		if !peek {
+			p.slot[par].local.Add(v[w])
+		}
+		size := t.sizeMS[w]
+		out[w] = View{Start: x, Cur: p.viewAt(x, size, par), Prev: p.viewAt(x-size, size, par^1)}
+	}
+	if peek {
+		if e.flags.Load()&flagRef == 0 {
+			e.flags.Or(flagRef)
+		}
+	} else {
+		t.touch(s, e)
+	}
+	s.unlock(excl)
+	return out
+}

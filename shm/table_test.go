@@ -353,3 +353,33 @@ func TestCollectSkipsWriteThroughsInFlight(t *testing.T) {
 	require.Zero(t, hits)
 	require.Zero(t, retired)
 }
+
+func TestAddWindowsMatchesAdd(t *testing.T) {
+	a := newTable(t, Options{Sizes: []time.Duration{time.Second, time.Minute}})
+	b := newTable(t, Options{Sizes: []time.Duration{time.Second, time.Minute}})
+	rng := rand.New(rand.NewPCG(3, 4))
+	now := int64(1_000_000)
+	for range 2000 {
+		now += int64(rng.IntN(700))
+		key := fmt.Sprintf("k%d", rng.IntN(5))
+		mask := uint8(rng.IntN(3) + 1)
+		v := [2]int64{int64(rng.IntN(5)), int64(rng.IntN(5))}
+		peek := rng.IntN(4) == 0
+		got := a.AddWindows(key, now, mask, v, peek)
+		for w := range 2 {
+			if mask&(1<<w) == 0 {
+				require.Zero(t, got[w])
+				continue
+			}
+			var want View
+			if peek {
+				want = b.Peek(key, w, now)
+			} else {
+				want = b.Add(key, w, now, v[w])
+			}
+			require.Equal(t, want, got[w])
+		}
+	}
+	allocs := testing.AllocsPerRun(100, func() { a.AddWindows("k1", now, 3, [2]int64{1, 1}, false) })
+	require.Zero(t, allocs)
+}
