@@ -86,9 +86,10 @@ type Decision struct {
 	// It is a whole number of milliseconds and assumes the clock moves
 	// forward.
 	RetryAfter time.Duration
-	// Degraded reports that the store failed during the call (synchronous
-	// mode) and the decision was made from this node's state, a lower bound of
-	// the cluster's counts. The hits are kept and pushed later.
+	// Degraded reports that the decision was made from this node's state
+	// because the store failed: during the call (synchronous mode), or in the
+	// last sync cycle (periodic mode), so the cluster's counts this node knows
+	// are a stale lower bound. The hits are kept and pushed later.
 	Degraded bool
 }
 
@@ -195,14 +196,18 @@ func (ns *Namespace) decideIn(ctx context.Context, key string, cost int64, limit
 	if !count {
 		applyLocal(key, st, now, 0, true, false)
 		ok := admits(st, limits, now, cost, false)
-		return decision(st, limits, now, cost, ok, false)
+		d, bind := decision(st, limits, now, cost, ok, false)
+		d.Degraded = ns.storeDown.Load()
+		return d, bind
 	}
 	applyLocal(key, st, now, cost, false, false)
 	ok := admits(st, limits, now, cost, true)
 	if !ok {
 		applyLocal(key, st, now, -cost, false, true)
 	}
-	return decision(st, limits, now, cost, ok, true)
+	d, bind := decision(st, limits, now, cost, ok, true)
+	d.Degraded = ns.storeDown.Load() // the cluster's counts are stale while the store fails
+	return d, bind
 }
 
 // decideSync is decideIn in synchronous mode.

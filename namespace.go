@@ -51,6 +51,9 @@ type Namespace struct {
 	spare      *push // a settled cycle's push, reused for its buffers (under syncMu)
 
 	stats stats
+	// storeDown is set while the last sync cycle failed: answers from local
+	// state are then marked Degraded in every mode.
+	storeDown atomic.Bool
 
 	closed    atomic.Bool
 	closeOnce sync.Once

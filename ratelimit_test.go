@@ -534,3 +534,33 @@ func TestSynchronousModeConcurrentFaults(t *testing.T) {
 		require.Equal(t, int64(800), total, "every write-through applied exactly once")
 	})
 }
+
+func TestAsyncDecisionsDegradedWhileStoreFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.New()
+		ns := newNS(t, ratelimit.Config{WindowSizes: []time.Duration{time.Minute}, SyncRate: 100 * time.Millisecond, Strategy: store})
+		lim := ratelimit.Limit{Window: time.Minute, Max: 100}
+		d, err := ns.Allow(ctx, "k", 1, lim)
+		require.NoError(t, err)
+		require.False(t, d.Degraded)
+		store.SetFaults(func(memory.Op) memory.Fault { return memory.Refuse })
+		time.Sleep(150 * time.Millisecond) // a cycle fails
+		d, err = ns.Allow(ctx, "k", 1, lim)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.True(t, d.Degraded)
+		store.SetFaults(nil)
+		time.Sleep(5 * time.Second) // past the backoff: a cycle succeeds
+		d, err = ns.Allow(ctx, "k", 1, lim)
+		require.NoError(t, err)
+		require.False(t, d.Degraded)
+		require.Equal(t, 3.0, mustRate(t, ns, "k"))
+	})
+}
+
+func mustRate(t *testing.T, ns *ratelimit.Namespace, key string) float64 {
+	t.Helper()
+	r, err := ns.SlidingWindow(ctx, key, time.Minute)
+	require.NoError(t, err)
+	return r
+}

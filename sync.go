@@ -170,6 +170,7 @@ func (ns *Namespace) Sync(ctx context.Context) error {
 	start := time.Now()
 	err := ns.syncOnce(ctx, true)
 	ns.stats.recordSync(start, err)
+	ns.storeDown.Store(err != nil)
 	return err
 }
 
@@ -271,6 +272,7 @@ func (ns *Namespace) loop() {
 		err := ns.syncOnce(ns.ctx, reads)
 		ns.syncMu.Unlock()
 		ns.stats.recordSync(start, err)
+		ns.storeDown.Store(err != nil)
 		if err != nil {
 			failures++
 			ns.logFailure(failures, err)
