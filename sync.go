@@ -151,19 +151,28 @@ func (ns *Namespace) syncOnce(ctx context.Context, reads bool) error {
 	return nil
 }
 
+// usesStore checks the arguments of a call that talks to the store: it
+// reports false, with the error to return (nil in local mode, where there is
+// nothing to do), when the call should not proceed.
+func (ns *Namespace) usesStore(ctx context.Context) (bool, error) {
+	switch {
+	case ctx == nil:
+		return false, ErrNilContext
+	case ns.closed.Load():
+		return false, ErrClosed
+	case ns.mode == modeLocal:
+		return false, nil
+	}
+	return true, nil
+}
+
 // Sync runs one sync cycle now: it re-sends pushes whose outcome is unknown,
 // pushes every hit not yet pushed, and learns the totals of the keys this node
 // has seen. It waits for a cycle already running. It does nothing in local
 // mode.
 func (ns *Namespace) Sync(ctx context.Context) error {
-	if ctx == nil {
-		return ErrNilContext
-	}
-	if ns.closed.Load() {
-		return ErrClosed
-	}
-	if ns.mode == modeLocal {
-		return nil
+	if ok, err := ns.usesStore(ctx); !ok {
+		return err
 	}
 	ns.syncMu.Lock()
 	defer ns.syncMu.Unlock()
@@ -179,14 +188,8 @@ func (ns *Namespace) Sync(ctx context.Context) error {
 // at a time per namespace; a second caller waits for the first. It does
 // nothing in local mode.
 func (ns *Namespace) Fetch(ctx context.Context, now time.Time) error {
-	if ctx == nil {
-		return ErrNilContext
-	}
-	if ns.closed.Load() {
-		return ErrClosed
-	}
-	if ns.mode == modeLocal {
-		return nil
+	if ok, err := ns.usesStore(ctx); !ok {
+		return err
 	}
 	ns.syncMu.Lock()
 	defer ns.syncMu.Unlock()

@@ -117,9 +117,9 @@ func (e *Entry) rotate(t *Table, w int, cur int64) {
 	p.latest.Store(cur)
 }
 
-// retireAll moves every unconfirmed window of e to the retired records and
-// marks e dead. The caller holds e.mu and has removed e from its shard.
-func (e *Entry) retireAll(t *Table) {
+// eachHeld calls fn for each window e holds (the newest and the one before it, of
+// each size), with its slot. The caller holds e.mu.
+func (e *Entry) eachHeld(t *Table, fn func(w int, start int64, s *slot)) {
 	for w := range t.n {
 		p := &e.w[w]
 		lat := p.latest.Load()
@@ -128,12 +128,19 @@ func (e *Entry) retireAll(t *Table) {
 		}
 		size := t.sizeMS[w]
 		for _, x := range [2]int64{lat, lat - size} {
-			s := &p.slot[parity(x, size)]
-			if l, a := s.local.Load(), s.acked.Load(); l != a {
-				t.retire(Ref{e: e, w: uint8(w), start: x}, l, a)
-			}
+			fn(w, x, &p.slot[parity(x, size)])
 		}
 	}
+}
+
+// retireAll moves every unconfirmed window of e to the retired records and
+// marks e dead. The caller holds e.mu and has removed e from its shard.
+func (e *Entry) retireAll(t *Table) {
+	e.eachHeld(t, func(w int, x int64, s *slot) {
+		if l, a := s.local.Load(), s.acked.Load(); l != a {
+			t.retire(Ref{e: e, w: uint8(w), start: x}, l, a)
+		}
+	})
 	e.flags.Or(flagDead)
 }
 

@@ -158,24 +158,14 @@ func (t *Table) collectEntry(e *Entry, now int64, reads bool, b *Batch) {
 	if e.flags.Load()&flagDead != 0 {
 		return // its hits were retired; Collect pushes them from there
 	}
-	for w := range t.n {
-		p := &e.w[w]
-		lat := p.latest.Load()
-		if lat == noWindow {
-			continue
+	e.eachHeld(t, func(w int, x int64, s *slot) {
+		ref := Ref{e: e, w: uint8(w), start: x}
+		if d := s.local.Load() - s.acked.Load() - t.pend(ref); d != 0 {
+			t.addDiff(b, ref, e.key, d)
+		} else if reads && x >= windowStart(now, t.sizeMS[w])-t.sizeMS[w] {
+			t.addRead(b, ref, e.key)
 		}
-		size := t.sizeMS[w]
-		oldest := windowStart(now, size) - size
-		for _, x := range [2]int64{lat, lat - size} {
-			ref := Ref{e: e, w: uint8(w), start: x}
-			s := &p.slot[parity(x, size)]
-			if d := s.local.Load() - s.acked.Load() - t.pend(ref); d != 0 {
-				t.addDiff(b, ref, e.key, d)
-			} else if reads && x >= oldest {
-				t.addRead(b, ref, e.key)
-			}
-		}
-	}
+	})
 }
 
 // Ack settles a successful push of b: its diffs are confirmed and the store's
