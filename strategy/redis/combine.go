@@ -38,6 +38,10 @@ type combined struct {
 
 // do executes cmd, alone or in a pipeline with other callers' commands.
 func (c *combiner) do(ctx context.Context, client rediser, cmd goredis.Cmder) {
+	if err := ctx.Err(); err != nil {
+		cmd.SetErr(fmt.Errorf("not sent: %w: %w", err, strategy.ErrNotApplied))
+		return
+	}
 	c.mu.Lock()
 	if c.leaders < maxRounds {
 		c.leaders++
