@@ -9,6 +9,10 @@ import (
 // noWindow marks a window pair that has not held any window yet.
 const noWindow = math.MinInt64
 
+// unknown marks a slot's synced count before this node learned the store's
+// total for the window; it reads as 0.
+const unknown = math.MinInt64
+
 // Entry flag bits.
 const (
 	flagDirty uint32 = 1 << iota // on a shard's dirty list, waiting for a sync
@@ -29,7 +33,13 @@ type slot struct {
 	synced atomic.Int64
 }
 
-func (s *slot) view() int64 { return s.synced.Load() + s.local.Load() - s.acked.Load() }
+func (s *slot) view() int64 {
+	sy := s.synced.Load()
+	if sy == unknown {
+		sy = 0
+	}
+	return sy + s.local.Load() - s.acked.Load()
+}
 
 // pair holds the current and previous window of one size. The window starting
 // at x lives in slot[parity(x)], so rotating by one window reuses only the
@@ -108,7 +118,7 @@ func (e *Entry) rotate(t *Table, w int, cur int64) {
 			// never lost.
 			l := s.local.Swap(0)
 			a := s.acked.Swap(0)
-			s.synced.Store(0)
+			s.synced.Store(unknown)
 			if l != a {
 				t.retire(Ref{e: e, w: uint8(w), start: old}, l, a)
 			}

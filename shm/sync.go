@@ -73,6 +73,18 @@ func (t *Table) unpend(ref Ref, d int64) {
 	}
 }
 
+// worthReading reports whether a sync should read the window starting at x
+// (held in s): the current window always; the previous one until it has
+// settled, or while this node has not learned its total.
+func (t *Table) worthReading(x, now int64, w int, s *slot) bool {
+	size := t.sizeMS[w]
+	cur := windowStart(now, size)
+	if x >= cur {
+		return true
+	}
+	return x == cur-size && (t.settle == 0 || now-cur < t.settle || s.synced.Load() == unknown)
+}
+
 func (t *Table) addRead(b *Batch, ref Ref, key string) {
 	b.Reads = append(b.Reads, t.id(ref, key))
 	b.ReadRefs = append(b.ReadRefs, ref)
@@ -162,7 +174,7 @@ func (t *Table) collectEntry(e *Entry, now int64, reads bool, b *Batch) {
 		ref := Ref{e: e, w: uint8(w), start: x}
 		if d := s.local.Load() - s.acked.Load() - t.pend(ref); d != 0 {
 			t.addDiff(b, ref, e.key, d)
-		} else if reads && x >= windowStart(now, t.sizeMS[w])-t.sizeMS[w] {
+		} else if reads && t.worthReading(x, now, w, s) {
 			t.addRead(b, ref, e.key)
 		}
 	})

@@ -41,6 +41,10 @@ type Options struct {
 	// unsettled. Without it, the caller must settle every Batch before the
 	// next Collect, as a single sync loop does.
 	WriteThrough bool
+	// Settle is how long after a window ends Collect still reads it (as the
+	// previous window) for keys whose total this node already learned: by
+	// then every node has pushed its last hits of it. 0 means always.
+	Settle time.Duration
 }
 
 // Table is a sharded counter table. Its methods are safe for concurrent use.
@@ -50,6 +54,7 @@ type Table struct {
 	sizeMS   [2]int64
 	track    bool
 	wt       bool
+	settle   int64 // ms
 	seed     maphash.Seed
 	shards   []shard
 	shardCap int
@@ -90,7 +95,8 @@ func New(opts Options) (*Table, error) {
 	if len(opts.Sizes) < 1 || len(opts.Sizes) > 2 {
 		return nil, errors.Join(ErrConfig, errors.New("shm: a table holds one or two window sizes"))
 	}
-	t := &Table{n: len(opts.Sizes), track: opts.Track || opts.WriteThrough, wt: opts.WriteThrough, seed: maphash.MakeSeed(),
+	t := &Table{n: len(opts.Sizes), track: opts.Track || opts.WriteThrough, wt: opts.WriteThrough,
+		settle: opts.Settle.Milliseconds(), seed: maphash.MakeSeed(),
 		retired: make(map[Ref]*retired), pending: make(map[Ref]int64)}
 	for i, s := range opts.Sizes {
 		if s <= 0 || s%time.Millisecond != 0 {
@@ -213,6 +219,9 @@ func (t *Table) insert(s *shard, key string, h uint64, now int64) *Entry {
 	e := &Entry{key: key, hash: tagOf(h)}
 	for w := range e.w {
 		e.w[w].latest.Store(noWindow)
+		for i := range e.w[w].slot {
+			e.w[w].slot[i].synced.Store(unknown)
+		}
 	}
 	m := uint32(len(s.slots) - 1)
 	i := e.hash & m

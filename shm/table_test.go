@@ -383,3 +383,36 @@ func TestAddWindowsMatchesAdd(t *testing.T) {
 	allocs := testing.AllocsPerRun(100, func() { a.AddWindows("k1", now, 3, [2]int64{1, 1}, false) })
 	require.Zero(t, allocs)
 }
+
+func TestCollectReadsPreviousWindowUntilSettled(t *testing.T) {
+	tb := newTable(t, Options{Sizes: []time.Duration{time.Second}, Track: true, Settle: 300 * time.Millisecond})
+	reads := func(now int64) []strategy.CounterID {
+		var b Batch
+		tb.Collect(now, true, &b)
+		res := strategy.Result{Totals: make([]int64, len(b.Diffs)), Reads: make([]int64, len(b.Reads))}
+		for i := range res.Reads {
+			res.Reads[i] = 7 // the store's total for every window read
+		}
+		tb.Ack(&b, res)
+		return b.Reads
+	}
+	tb.Peek("old", 0, 1_000_500)
+	require.Len(t, reads(1_000_600), 2, "the current window, and the previous one this node never learned")
+	require.Len(t, reads(1_000_700), 1, "the current window only: the previous one is known and settled")
+	// The next window: the previous one is read while it settles...
+	tb.Peek("old", 0, 1_001_100)
+	require.Len(t, reads(1_001_100), 2)
+	// ...and not once it has, since this node knows its total.
+	require.Len(t, reads(1_001_400), 1)
+	require.Equal(t, int64(7), tb.Peek("old", 0, 1_001_400).Prev)
+	// A key first seen after the previous window settled: its previous
+	// window is read once, because this node never learned it.
+	tb.Peek("new", 0, 1_001_500)
+	got := reads(1_001_500)
+	require.ElementsMatch(t, []strategy.CounterID{
+		{Key: "new", Size: time.Second, Start: 1_001_000},
+		{Key: "new", Size: time.Second, Start: 1_000_000},
+		{Key: "old", Size: time.Second, Start: 1_001_000},
+	}, got)
+	require.Len(t, reads(1_001_600), 2, "both keys' current windows only")
+}
