@@ -3,8 +3,10 @@ package redis
 import (
 	"context"
 	"fmt"
+	"iter"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +31,14 @@ type recorder struct {
 	failures int
 	failed   chan struct{} // gets a value (if there is room) on each failed push
 	acked    chan struct{} // gets a value (if there is room) on each acknowledged push
+	fetchAll atomic.Int64  // GetCounters calls for the whole namespace
+}
+
+func (r *recorder) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2[strategy.Counter, error] {
+	if q.Keys == nil {
+		r.fetchAll.Add(1)
+	}
+	return r.Strategy.GetCounters(ctx, q)
 }
 
 // signal sends on ch without blocking; ch has room for one value.
@@ -105,7 +115,7 @@ const (
 // Redis (one Store per client, one key prefix), syncing every 50 ms. Their
 // clock starts a minute into an hour window, so the test never crosses a
 // window boundary and the sliding rate is the current window's count.
-func newMultiNode(t *testing.T, clients []goredis.UniversalClient) *multiNode {
+func newMultiNode(t *testing.T, clients []goredis.UniversalClient, scope ...ratelimit.FetchScope) *multiNode {
 	start := time.Now()
 	origin := time.UnixMilli(strategy.WindowStart(start.UnixMilli(), multiWindow)).Add(time.Minute)
 	m := &multiNode{
@@ -129,6 +139,7 @@ func newMultiNode(t *testing.T, clients []goredis.UniversalClient) *multiNode {
 			Clock:       m.clock,
 			SyncTimeout: 2 * time.Second,
 			MaxBackoff:  200 * time.Millisecond,
+			FetchScope:  append(scope, ratelimit.FetchSeen)[0],
 		})
 		require.NoError(t, err)
 		m.regs, m.nodes, m.recs = append(m.regs, reg), append(m.nodes, ns), append(m.recs, rec)
@@ -219,9 +230,9 @@ func (m *multiNode) total(counts map[string]int64) int64 {
 
 // testMultiNode: three nodes with separate clients, round-robin hits; after a
 // final sync and fetch every node reports the exact totals.
-func testMultiNode(t *testing.T, newClient func() goredis.UniversalClient, directClient goredis.UniversalClient) {
+func testMultiNode(t *testing.T, newClient func() goredis.UniversalClient, directClient goredis.UniversalClient, scope ...ratelimit.FetchScope) {
 	clients := []goredis.UniversalClient{newClient(), newClient(), newClient()}
-	m := newMultiNode(t, clients)
+	m := newMultiNode(t, clients, scope...)
 	done := make(chan struct{})
 	close(done)
 	m.hitUntil(done)
@@ -229,6 +240,9 @@ func testMultiNode(t *testing.T, newClient func() goredis.UniversalClient, direc
 	require.Equal(t, m.hits, stored)
 	for i, ns := range m.nodes {
 		require.GreaterOrEqual(t, ns.Stats().Syncs, int64(5), "node %d synced in the background", i)
+		if append(scope, ratelimit.FetchSeen)[0] == ratelimit.FetchAll {
+			require.Positive(t, m.recs[i].fetchAll.Load(), "node %d read the whole namespace", i)
+		}
 	}
 	t.Logf("%d hits over %d keys on %d nodes, totals exact", m.total(m.hits), len(m.keys), len(m.nodes))
 }
@@ -237,6 +251,14 @@ func TestMultiNodeRedis(t *testing.T) {
 	noLeaks(t)
 	addr := realAddr(t)
 	testMultiNode(t, func() goredis.UniversalClient { return newClient(t, addr) }, realClient(t))
+}
+
+// The same with FetchAll: every node reads the whole namespace (HGETALL of
+// every shard of the current and previous window).
+func TestMultiNodeFetchAll(t *testing.T) {
+	noLeaks(t)
+	addr := realAddr(t)
+	testMultiNode(t, func() goredis.UniversalClient { return newClient(t, addr) }, realClient(t), ratelimit.FetchAll)
 }
 
 func TestMultiNodeCluster(t *testing.T) {
