@@ -72,6 +72,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.RedisAddr, "redis-addr", "127.0.0.1:6379", "Redis address (-strategy redis)")
 	fs.StringVar(&cfg.PostgresDSN, "postgres-dsn", "postgres://postgres@127.0.0.1:5432/test", "PostgreSQL DSN (-strategy postgres)")
 	fs.DurationVar(&cfg.SyncRate, "sync-rate", 100*time.Millisecond, "SyncRate: > 0 async, 0 synchronous (write-through), < 0 local only")
+	fs.DurationVar(&cfg.SyncTimeout, "sync-timeout", 0, "the nodes' SyncTimeout, the bound on each store call (0: the core's default, 1s)")
 	fs.Var(&limits, "limit", "limit MAX/WINDOW, e.g. 100/1s; repeat (or comma-separate) for several (default 100/1s)")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "traffic duration (simulated time with -clock sim)")
 	fs.IntVar(&cfg.Keys, "keys", 100, "distinct keys")
@@ -91,6 +92,7 @@ func run(args []string) error {
 	prog := fs.Bool("progress", false, "print a progress line every second (stderr)")
 	sweepNodes := fs.String("sweep-nodes", "", "comma-separated node counts: run once per node count and -sweep-sync value")
 	sweepSync := fs.String("sweep-sync", "", "comma-separated SyncRates for the sweep (default 10ms,100ms,1s,10s)")
+	suite := fs.Bool("throughput-suite", false, "run unpaced wall-clock checks in local, async (memory, redis, postgres) and synchronous (redis, postgres) modes, one after another, with -nodes, -keys, -duration and -limit; print one table and plot their latencies together")
 	memKeys := fs.Int("memkeys", 0, "measure heap per tracked key over this many keys (local and async namespaces) and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -150,6 +152,9 @@ func run(args []string) error {
 
 	if *memKeys > 0 {
 		return measureMemory(*memKeys, cfg.Limits, *out)
+	}
+	if *suite {
+		return throughputSuite(ctx, cfg, *out, *format)
 	}
 	if *sweepNodes != "" || *sweepSync != "" {
 		return sweep(ctx, cfg, *sweepNodes, *sweepSync, *out, *format)
@@ -239,4 +244,48 @@ func measureMemory(n int, limits []lab.Limit, out string) error {
 		return nil
 	}
 	return report.WriteJSON(out, "memory.json", rs)
+}
+
+// suiteRuns are the modes the throughput suite compares.
+var suiteRuns = []struct {
+	label, strategy string
+	syncRate        time.Duration
+}{
+	{"local", "memory", -1},
+	{"async memory 100ms", "memory", 100 * time.Millisecond},
+	{"async redis 100ms", "redis", 100 * time.Millisecond},
+	{"async postgres 100ms", "postgres", 100 * time.Millisecond},
+	{"sync redis", "redis", 0},
+	{"sync postgres", "postgres", 0},
+}
+
+func throughputSuite(ctx context.Context, base lab.Config, out, format string) error {
+	base.Unpaced = true
+	var rs []*lab.Result
+	var labels []string
+	var rows [][]string
+	for _, sr := range suiteRuns {
+		c := base
+		c.Strategy, c.SyncRate = sr.strategy, sr.syncRate
+		c.Limits = append([]lab.Limit(nil), base.Limits...)
+		if sr.syncRate == 0 {
+			c.Workers = 0 // the synchronous default: 32 goroutines
+		}
+		fmt.Fprintf(os.Stderr, "running %s\n", sr.label)
+		r, err := lab.Run(ctx, c)
+		if err != nil {
+			return fmt.Errorf("%s: %w", sr.label, err)
+		}
+		rs, labels = append(rs, r), append(labels, fmt.Sprintf("%s (%d workers)", sr.label, r.Config.Workers))
+		rows = append(rows, report.SummaryRow(r))
+	}
+	report.ThroughputTable(os.Stdout, rs, labels)
+	if out == "" {
+		return nil
+	}
+	return errors.Join(
+		report.WriteJSON(out, "throughput.json", rs),
+		report.WriteCSV(out, "throughput.csv", report.SummaryHeader, rows),
+		report.PlotLatency(rs, labels, filepath.Join(out, "latency."+format)),
+	)
 }

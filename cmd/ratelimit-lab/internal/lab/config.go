@@ -51,6 +51,9 @@ type Config struct {
 	// SyncRate is the nodes' SyncRate: > 0 asynchronous, 0 synchronous
 	// (write-through), < 0 local only (the nodes share nothing).
 	SyncRate time.Duration `json:"sync_rate"`
+	// SyncTimeout is the nodes' SyncTimeout (each store call's bound). Default
+	// 0: the core's default, 1 s.
+	SyncTimeout time.Duration `json:"sync_timeout,omitempty"`
 	// Limits are checked on every hit (Allow with all of them). Required.
 	Limits []Limit `json:"limits"`
 	// Fixed checks fixed windows instead of sliding ones.

@@ -168,6 +168,7 @@ func newCluster(ctx context.Context, cfg *Config, name string, clock func() time
 			SyncRate:    syncRate,
 			Clock:       clock,
 			MaxKeys:     max(1<<20, 2*cfg.Keys),
+			SyncTimeout: cfg.SyncTimeout,
 		}
 		if cfg.SyncRate >= 0 {
 			s, err := c.stores.node(ctx, &c.counts)

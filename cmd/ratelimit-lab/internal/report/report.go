@@ -193,3 +193,16 @@ func LatencyRows(r *lab.Result) [][]string {
 	}
 	return rows
 }
+
+// ThroughputTable writes one line per run: checks/s, latency and store
+// traffic.
+func ThroughputTable(w io.Writer, rs []*lab.Result, labels []string) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "mode\tnodes\tworkers\tchecks/s\tp50\tp99\tp99.9\tmax\tstore ops/s\tcounters/s\tfailed pushes\tdegraded\terrors\t")
+	for i, r := range rs {
+		l := r.Latency
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%.1f\t%.0f\t%d\t%d\t%d\t\n", labels[i], r.Config.Nodes, r.Config.Workers, r.ChecksPerSec,
+			ns(l.P50), ns(l.P99), ns(l.P999), ns(l.Max), r.Store.OpsPerSec, r.Store.CountersPerSec, r.Store.PushErrors, r.Degraded, r.Errors)
+	}
+	tw.Flush()
+}
