@@ -221,7 +221,7 @@ type conn struct {
 	client, server net.Conn
 	once           sync.Once
 	done           chan struct{} // closed by close
-	holed          atomic.Bool // bytes were swallowed by BlackHole
+	holed          atomic.Bool   // bytes were swallowed by BlackHole
 
 	// cutting is set while a cut is in progress: the server's replies are
 	// swallowed and handed to replyDone.

@@ -300,4 +300,3 @@ func TestListenError(t *testing.T) {
 	require.Equal(t, "forward", Forward.String())
 	require.Equal(t, "Mode(9)", Mode(9).String())
 }
-
