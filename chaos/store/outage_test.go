@@ -159,7 +159,6 @@ func runOutage(t *testing.T, b *backend, outage time.Duration, timed bool) {
 	}
 }
 
-
 func roundAll(ds []time.Duration) []time.Duration {
 	out := make([]time.Duration, len(ds))
 	for i, d := range ds {

@@ -1,0 +1,208 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratesync/ratelimit"
+	"github.com/ratesync/ratelimit/internal/faultproxy"
+	"github.com/ratesync/ratelimit/strategy/memory"
+)
+
+// A replyLoser loses the replies of pushes the store applied.
+type replyLoser struct {
+	arm    func(p float64) // lose each push's reply with probability p
+	disarm func()
+	lost   func() int64 // replies lost so far
+}
+
+// proxyLoser cuts, with probability p, the connection of a request that
+// match accepts, once done says the server has answered it (so it was
+// applied), before the answer reaches the client.
+func proxyLoser(px *faultproxy.Proxy, match, done func([]byte) bool) replyLoser {
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(6, 3))
+	return replyLoser{
+		arm: func(p float64) {
+			px.Arm(faultproxy.Cut{Times: -1, ReplyDone: done, Match: func(b []byte) bool {
+				if !match(b) {
+					return false
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				return rng.Float64() < p
+			}})
+		},
+		disarm: px.Disarm,
+		lost:   px.Cuts,
+	}
+}
+
+// Redis: a push is one or more EVALSHA (EVAL after SCRIPT FLUSH) calls; Redis
+// answers a script call only after running it, so the first reply byte proves
+// the write happened.
+func redisLoser(px *faultproxy.Proxy) *replyLoser {
+	l := proxyLoser(px, func(b []byte) bool {
+		l := bytes.ToLower(b)
+		return bytes.Contains(l, []byte("\r\nevalsha\r\n")) || bytes.Contains(l, []byte("\r\neval\r\n"))
+	}, nil)
+	return &l
+}
+
+// PostgreSQL: a push is one statement in autocommit; its Bind message carries
+// the namespace as a parameter. ReadyForQuery ('Z', length 5) follows the
+// commit, so waiting for it proves the write happened.
+func postgresLoser(px *faultproxy.Proxy, namespace string) replyLoser {
+	rfq := []byte{'Z', 0, 0, 0, 5}
+	return proxyLoser(px, func(b []byte) bool {
+		return bytes.Contains(b, []byte(namespace))
+	}, func(reply []byte) bool { return bytes.Contains(reply, rfq) })
+}
+
+func memoryLoser(g *memGate) *replyLoser {
+	var lost atomic.Int64
+	return &replyLoser{
+		arm: func(p float64) {
+			g.cur.Load().SetFaults(func(op memory.Op) memory.Fault {
+				if op == memory.OpPush && rand.Float64() < p {
+					lost.Add(1)
+					return memory.LoseReply
+				}
+				return memory.NoFault
+			})
+		},
+		disarm: func() { g.cur.Load().SetFaults(nil) },
+		lost:   lost.Load,
+	}
+}
+
+// Scenario 3: replies of applied pushes are lost (the connection closes after
+// the store committed, before the answer reaches the node), many times, while
+// three nodes count and sync. Every lost reply makes the node re-send the same
+// batch; the store must apply it once. The control run re-sends under a new
+// batch ID, as a store without idempotency would see it, and must count hits
+// twice: that proves the faults really hit applied writes, and that the test
+// fails when idempotency is removed.
+func TestLostReplies(t *testing.T) {
+	target := pick(int64(1000), int64(200))
+	controlTarget := int64(100)
+	t.Run("memory", func(t *testing.T) {
+		noLeaks(t)
+		b, g := memoryBackend(t)
+		runLostReplies(t, b, memoryLoser(g), target, false)
+	})
+	t.Run("memory/control", func(t *testing.T) {
+		noLeaks(t)
+		b, g := memoryBackend(t)
+		runLostReplies(t, b, memoryLoser(g), controlTarget, true)
+	})
+	t.Run("redis", func(t *testing.T) {
+		noLeaks(t)
+		b := redisBackend(t, redisAddr(t))
+		runLostReplies(t, b, redisLoser(b.proxy), target, false)
+	})
+	t.Run("redis/control", func(t *testing.T) {
+		noLeaks(t)
+		b := redisBackend(t, redisAddr(t))
+		runLostReplies(t, b, redisLoser(b.proxy), controlTarget, true)
+	})
+	t.Run("postgres", func(t *testing.T) {
+		noLeaks(t)
+		b, _ := postgresBackend(t)
+		runLostReplies(t, b, nil, target, false)
+	})
+	t.Run("postgres/control", func(t *testing.T) {
+		noLeaks(t)
+		b, _ := postgresBackend(t)
+		runLostReplies(t, b, nil, controlTarget, true)
+	})
+}
+
+// runLostReplies drives three nodes (each: a few increments, then Sync, as
+// fast as it can) until target replies were lost, then syncs without faults
+// and compares the store with the hits counted. A nil loser means the
+// PostgreSQL one, which needs the cluster's namespace.
+func runLostReplies(t *testing.T, b *backend, loser *replyLoser, target int64, control bool) {
+	// SyncRate of an hour: the test drives every cycle itself with Sync.
+	c := newCluster(t, b, refNodes, ratelimit.Config{SyncRate: time.Hour, SyncTimeout: 2 * time.Second})
+	if loser == nil {
+		l := postgresLoser(b.proxy, c.name)
+		loser = &l
+	}
+	for _, n := range c.nodes {
+		n.probe.newIDs.Store(control)
+	}
+	keys := keysN("k", 8)
+	var mu sync.Mutex
+	want := map[string]int64{}
+	var syncErrs atomic.Int64
+	ctx := context.Background()
+	begin := time.Now()
+	// Lose half of the replies: a re-sent push then often gets through,
+	// and its own reply may be lost again.
+	loser.arm(0.5)
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(pick(150*time.Second, 60*time.Second))
+	for i, n := range c.nodes {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(i), 42))
+			local := map[string]int64{}
+			defer func() {
+				mu.Lock()
+				for k, v := range local {
+					want[k] += v
+				}
+				mu.Unlock()
+			}()
+			for loser.lost() < target && time.Now().Before(deadline) {
+				for range rng.IntN(3) + 1 {
+					k, v := keys[rng.IntN(len(keys))], int64(rng.IntN(5)+1)
+					_, err := n.ns.Increment(ctx, k, tally.Window, v)
+					if !assert.NoError(t, err) {
+						return
+					}
+					local[k] += v
+				}
+				if err := n.ns.Sync(ctx); err != nil {
+					syncErrs.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	loser.disarm()
+	lost, elapsed := loser.lost(), time.Since(begin)
+	require.GreaterOrEqual(t, lost, target, "too few replies lost in time")
+
+	// Settle: sync every node until it has nothing unresolved.
+	for i, n := range c.nodes {
+		require.True(t, pollUntil(30*time.Second, func() bool {
+			return n.ns.Sync(ctx) == nil && n.ns.Stats().UnresolvedPushes == 0
+		}), "node %d never settled", i)
+	}
+	got := map[string]int64{}
+	var wantSum, gotSum int64
+	for _, k := range keys {
+		n, err := storeTotal(ctx, b.direct, c.name, k, begin, time.Now())
+		require.NoError(t, err)
+		got[k] = n
+		wantSum += want[k]
+		gotSum += n
+	}
+	require.NoError(t, c.close(10*time.Second))
+	result(t, "%d replies of applied pushes lost in %v (%d PushDiffs calls, %d failed Sync calls); %d hits counted, the store holds %d: %d double-applied",
+		lost, elapsed.Round(time.Millisecond), c.attempts(), syncErrs.Load(), wantSum, gotSum, gotSum-wantSum)
+	if control {
+		assert.Greater(t, gotSum, wantSum, "re-sending under a new batch ID must double-count: the faults did not hit applied pushes")
+		return
+	}
+	assert.Equal(t, want, got, "zero double-applied (or lost) increments")
+}
