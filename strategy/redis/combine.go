@@ -37,7 +37,7 @@ type combined struct {
 }
 
 // do executes cmd, alone or in a pipeline with other callers' commands.
-func (c *combiner) do(ctx context.Context, client rediser, cmd goredis.Cmder) {
+func (c *combiner) do(ctx context.Context, send func(context.Context, []goredis.Cmder), cmd goredis.Cmder) {
 	if err := ctx.Err(); err != nil {
 		cmd.SetErr(fmt.Errorf("not sent: %w: %w", err, strategy.ErrNotApplied))
 		return
@@ -46,7 +46,7 @@ func (c *combiner) do(ctx context.Context, client rediser, cmd goredis.Cmder) {
 	if c.leaders < maxRounds {
 		c.leaders++
 		c.mu.Unlock()
-		c.lead(client, []*combined{{ctx: ctx, cmd: cmd}})
+		c.lead(send, []*combined{{ctx: ctx, cmd: cmd}})
 		return
 	}
 	w := &combined{ctx: ctx, cmd: cmd, done: make(chan []*combined, 1)}
@@ -55,7 +55,7 @@ func (c *combiner) do(ctx context.Context, client rediser, cmd goredis.Cmder) {
 	select {
 	case batch := <-w.done:
 		if batch != nil {
-			c.lead(client, batch)
+			c.lead(send, batch)
 		}
 	case <-ctx.Done():
 		c.mu.Lock()
@@ -74,24 +74,24 @@ func (c *combiner) do(ctx context.Context, client rediser, cmd goredis.Cmder) {
 		c.mu.Unlock()
 		// Already in a round: its outcome is on its way.
 		if batch := <-w.done; batch != nil {
-			c.lead(client, batch)
+			c.lead(send, batch)
 		}
 	}
 }
 
 // lead runs one round for batch (batch[0] is the caller), wakes the others,
 // and hands the queue that formed meanwhile to a new leader.
-func (c *combiner) lead(client rediser, batch []*combined) {
+func (c *combiner) lead(send func(context.Context, []goredis.Cmder), batch []*combined) {
 	if len(batch) == 1 {
-		_ = client.Process(batch[0].ctx, batch[0].cmd)
+		send(batch[0].ctx, []goredis.Cmder{batch[0].cmd})
 	} else {
 		c.pipelines.Add(1)
 		ctx, cancel := roundContext(batch)
-		pipe := client.Pipeline()
-		for _, w := range batch {
-			_ = pipe.Process(ctx, w.cmd)
+		cmds := make([]goredis.Cmder, len(batch))
+		for i, w := range batch {
+			cmds[i] = w.cmd
 		}
-		_, _ = pipe.Exec(ctx)
+		send(ctx, cmds)
 		cancel()
 	}
 	for _, w := range batch[1:] {

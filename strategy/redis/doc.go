@@ -66,6 +66,16 @@
 // with any of them, including the default MaxRetries of 3, but they decide how
 // long a sync may take when Redis is slow or gone.
 //
+// # Durability
+//
+// Redis replicates asynchronously: after a Sentinel failover the new primary
+// lacks the writes the old one acknowledged and had not passed on, and those
+// hits are lost. Options.WaitReplicas makes each writing pipeline end with
+// WAIT and treats a push fewer replicas acknowledged as of unknown outcome, so
+// the caller keeps re-sending it (exactly once, by its batch-part ids) until a
+// replica has it: a failover then loses nothing, at the price of a replica
+// round trip per push and of stalled syncs while no replica follows.
+//
 // # Expiry
 //
 // Every hash gets a TTL of twice its window size plus Options.ExpiryMargin,

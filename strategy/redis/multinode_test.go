@@ -115,7 +115,13 @@ const (
 // Redis (one Store per client, one key prefix), syncing every 50 ms. Their
 // clock starts a minute into an hour window, so the test never crosses a
 // window boundary and the sliding rate is the current window's count.
-func newMultiNode(t *testing.T, clients []goredis.UniversalClient, scope ...ratelimit.FetchScope) *multiNode {
+// multiOptions vary the nodes of a multi-node test.
+type multiOptions struct {
+	scope ratelimit.FetchScope
+	store Options // KeyPrefix is set by newMultiNode
+}
+
+func newMultiNode(t *testing.T, clients []goredis.UniversalClient, opts multiOptions) *multiNode {
 	start := time.Now()
 	origin := time.UnixMilli(strategy.WindowStart(start.UnixMilli(), multiWindow)).Add(time.Minute)
 	m := &multiNode{
@@ -128,7 +134,9 @@ func newMultiNode(t *testing.T, clients []goredis.UniversalClient, scope ...rate
 		m.keys = append(m.keys, fmt.Sprintf("client-%d", i))
 	}
 	for _, c := range clients {
-		s := newStore(t, c, Options{KeyPrefix: m.prefix})
+		so := opts.store
+		so.KeyPrefix = m.prefix
+		s := newStore(t, c, so)
 		rec := &recorder{Strategy: s, failed: make(chan struct{}, 1), acked: make(chan struct{}, 1)}
 		reg := ratelimit.NewRegistry()
 		ns, err := reg.New(ratelimit.Config{
@@ -139,7 +147,7 @@ func newMultiNode(t *testing.T, clients []goredis.UniversalClient, scope ...rate
 			Clock:       m.clock,
 			SyncTimeout: 2 * time.Second,
 			MaxBackoff:  200 * time.Millisecond,
-			FetchScope:  append(scope, ratelimit.FetchSeen)[0],
+			FetchScope:  opts.scope,
 		})
 		require.NoError(t, err)
 		m.regs, m.nodes, m.recs = append(m.regs, reg), append(m.nodes, ns), append(m.recs, rec)
@@ -230,9 +238,9 @@ func (m *multiNode) total(counts map[string]int64) int64 {
 
 // testMultiNode: three nodes with separate clients, round-robin hits; after a
 // final sync and fetch every node reports the exact totals.
-func testMultiNode(t *testing.T, newClient func() goredis.UniversalClient, directClient goredis.UniversalClient, scope ...ratelimit.FetchScope) {
+func testMultiNode(t *testing.T, newClient func() goredis.UniversalClient, directClient goredis.UniversalClient, scope ratelimit.FetchScope) {
 	clients := []goredis.UniversalClient{newClient(), newClient(), newClient()}
-	m := newMultiNode(t, clients, scope...)
+	m := newMultiNode(t, clients, multiOptions{scope: scope})
 	done := make(chan struct{})
 	close(done)
 	m.hitUntil(done)
@@ -240,7 +248,7 @@ func testMultiNode(t *testing.T, newClient func() goredis.UniversalClient, direc
 	require.Equal(t, m.hits, stored)
 	for i, ns := range m.nodes {
 		require.GreaterOrEqual(t, ns.Stats().Syncs, int64(5), "node %d synced in the background", i)
-		if append(scope, ratelimit.FetchSeen)[0] == ratelimit.FetchAll {
+		if scope == ratelimit.FetchAll {
 			require.Positive(t, m.recs[i].fetchAll.Load(), "node %d read the whole namespace", i)
 		}
 	}
@@ -250,7 +258,7 @@ func testMultiNode(t *testing.T, newClient func() goredis.UniversalClient, direc
 func TestMultiNodeRedis(t *testing.T) {
 	noLeaks(t)
 	addr := realAddr(t)
-	testMultiNode(t, func() goredis.UniversalClient { return newClient(t, addr) }, realClient(t))
+	testMultiNode(t, func() goredis.UniversalClient { return newClient(t, addr) }, realClient(t), ratelimit.FetchSeen)
 }
 
 // The same with FetchAll: every node reads the whole namespace (HGETALL of
@@ -264,13 +272,13 @@ func TestMultiNodeFetchAll(t *testing.T) {
 func TestMultiNodeCluster(t *testing.T) {
 	noLeaks(t)
 	direct := clusterClient(t)
-	testMultiNode(t, func() goredis.UniversalClient { return clusterClient(t) }, direct)
+	testMultiNode(t, func() goredis.UniversalClient { return clusterClient(t) }, direct, ratelimit.FetchSeen)
 }
 
 func TestMultiNodeSentinel(t *testing.T) {
 	noLeaks(t)
 	direct := sentinelClient(t)
-	testMultiNode(t, func() goredis.UniversalClient { return sentinelClient(t) }, direct)
+	testMultiNode(t, func() goredis.UniversalClient { return sentinelClient(t) }, direct, ratelimit.FetchSeen)
 }
 
 // A Sentinel failover under load. Replication is asynchronous, so Redis
@@ -285,18 +293,33 @@ func TestMultiNodeSentinel(t *testing.T) {
 // never count a hit twice: retries and re-sends of pushes whose reply was lost
 // in the switch are deduplicated by their batch-part ids.
 func TestMultiNodeSentinelFailover(t *testing.T) {
+	run := failover(t, 0)
+	require.LessOrEqual(t, run.total, run.hits, "no hit counted twice")
+	require.GreaterOrEqual(t, run.total, run.hits-run.inFlight, "lost no more than Redis dropped")
+}
+
+// With Options.WaitReplicas 1 a push counts as done only once the replica
+// has it, so the failover loses nothing: pushes the old primary took but did
+// not replicate were never acknowledged, and are re-sent to the new primary.
+func TestMultiNodeSentinelFailoverWaitReplicas(t *testing.T) {
+	run := failover(t, 1)
+	require.Equal(t, run.hits, run.total, "no hit lost, none counted twice")
+}
+
+type failoverRun struct{ hits, total, inFlight int64 }
+
+// failover runs three nodes through a Sentinel failover under load and
+// checks that every node agrees with the store afterwards.
+func failover(t *testing.T, waitReplicas int) failoverRun {
 	noLeaks(t)
-	addr, master := sentinelConfig(t)
+	_, master := sentinelConfig(t)
 	direct := sentinelClient(t)
 	ctx := context.Background()
-	sentinel := goredis.NewSentinelClient(&goredis.Options{Addr: addr, MaxRetries: testMaxRetries,
-		MinRetryBackoff: testMinRetryBackoff, MaxRetryBackoff: testMaxRetryBackoff, DialTimeout: testDialTimeout,
-		ReadTimeout: testReadTimeout, WriteTimeout: testWriteTimeout, PoolTimeout: testPoolTimeout})
-	t.Cleanup(func() { _ = sentinel.Close() })
+	sentinel := sentinelFor(t)
 	waitFailoverReady(t, sentinel, master)
 
 	clients := []goredis.UniversalClient{sentinelClient(t), sentinelClient(t), sentinelClient(t)}
-	m := newMultiNode(t, clients)
+	m := newMultiNode(t, clients, multiOptions{store: Options{WaitReplicas: waitReplicas}})
 	done := make(chan struct{})
 	var t0, t1 time.Time
 	var oldPrimary, newPrimary string
@@ -328,13 +351,23 @@ func TestMultiNodeSentinelFailover(t *testing.T) {
 	for _, r := range m.recs {
 		inFlight += r.ackedBetween(t0.Add(-100*time.Millisecond), t1)
 	}
-	t.Logf("failover %s -> %s took %v; %d hits, %d stored, %d lost; %d hits acknowledged during the failover",
-		oldPrimary, newPrimary, t1.Sub(t0).Round(time.Millisecond), hits, total, hits-total, inFlight)
-	require.LessOrEqual(t, total, hits, "no hit counted twice")
-	require.GreaterOrEqual(t, total, hits-inFlight, "lost no more than Redis dropped")
+	t.Logf("WaitReplicas %d: failover %s -> %s took %v; %d hits, %d stored, %d lost; %d hits acknowledged during the failover",
+		waitReplicas, oldPrimary, newPrimary, t1.Sub(t0).Round(time.Millisecond), hits, total, hits-total, inFlight)
 	for _, k := range m.keys {
 		require.LessOrEqual(t, stored[k], m.hits[k], k)
 	}
+	return failoverRun{hits, total, inFlight}
+}
+
+// sentinelFor returns a client to the Sentinel itself, or skips (or fails) t.
+func sentinelFor(t *testing.T) *goredis.SentinelClient {
+	addr, _ := sentinelConfig(t)
+	s := goredis.NewSentinelClient(&goredis.Options{Addr: addr, MaxRetries: testMaxRetries,
+		MinRetryBackoff: testMinRetryBackoff, MaxRetryBackoff: testMaxRetryBackoff, DialTimeout: testDialTimeout,
+		DialerRetries: 2, DialerRetryTimeout: 50 * time.Millisecond, ContextTimeoutEnabled: true,
+		ReadTimeout: testReadTimeout, WriteTimeout: testWriteTimeout, PoolTimeout: testPoolTimeout})
+	t.Cleanup(func() { _ = s.Close() })
+	return s
 }
 
 // waitFailoverReady polls until the primary has a replica in sync, so that
@@ -387,7 +420,7 @@ func TestMultiNodeOutage(t *testing.T) {
 	target := realAddr(t)
 	proxy := newReplyDropper(t, target, func() bool { return false })
 	clients := []goredis.UniversalClient{newClient(t, proxy.addr()), newClient(t, proxy.addr()), newClient(t, proxy.addr())}
-	m := newMultiNode(t, clients)
+	m := newMultiNode(t, clients, multiOptions{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

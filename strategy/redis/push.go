@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -319,9 +320,9 @@ func (s *Store) exec(ctx context.Context, parts []part, only ...error) {
 		p := &parts[sel[0]]
 		p.err = nil
 		if len(p.cmds) == 1 {
-			s.combiner.do(ctx, s.client, p.cmds[0])
+			s.combiner.do(ctx, s.send, p.cmds[0])
 		} else {
-			s.combiner.do(ctx, s.client, p.gets[0])
+			s.combiner.do(ctx, s.send, p.gets[0])
 		}
 		return
 	}
@@ -348,18 +349,18 @@ func (s *Store) exec(ctx context.Context, parts []part, only ...error) {
 			}
 			return
 		}
-		pipe := s.client.Pipeline()
+		var cmds []goredis.Cmder
 		for _, i := range group {
 			p := &parts[i]
 			p.err = nil
 			for _, c := range p.cmds {
-				_ = pipe.Process(ctx, c)
+				cmds = append(cmds, c)
 			}
 			for _, c := range p.gets {
-				_ = pipe.Process(ctx, c)
+				cmds = append(cmds, c)
 			}
 		}
-		_, _ = pipe.Exec(ctx)
+		s.send(ctx, cmds)
 		for _, i := range group {
 			if err := parts[i].cmdErr(); err != nil && !isRedisError(err) {
 				broken.Store(true)
@@ -381,6 +382,48 @@ func (s *Store) exec(ctx context.Context, parts []part, only ...error) {
 	}
 	wg.Wait()
 }
+
+// send executes cmds in one round trip: one command alone, several in a
+// pipeline. With Options.WaitReplicas a pipeline that runs scripts ends with
+// WAIT, and when too few replicas acknowledged, the scripts that succeeded get
+// an error that leaves their outcome unknown.
+func (s *Store) send(ctx context.Context, cmds []goredis.Cmder) {
+	wait := s.opts.WaitReplicas > 0 && slices.ContainsFunc(cmds, isScript)
+	if len(cmds) == 1 && !wait {
+		_ = s.client.Process(ctx, cmds[0])
+		return
+	}
+	pipe := s.client.Pipeline()
+	for _, c := range cmds {
+		_ = pipe.Process(ctx, c)
+	}
+	var w *goredis.IntCmd
+	if wait {
+		w = goredis.NewIntCmd(ctx, "wait", s.opts.WaitReplicas, s.opts.WaitTimeout.Milliseconds())
+		_ = pipe.Process(ctx, w)
+	}
+	_, _ = pipe.Exec(ctx)
+	if w == nil {
+		return
+	}
+	n, err := w.Result()
+	if err == nil && n >= int64(s.opts.WaitReplicas) {
+		return
+	}
+	if err == nil {
+		err = fmt.Errorf("redis: %d of %d replicas acknowledged the push within %v: outcome unknown",
+			n, s.opts.WaitReplicas, s.opts.WaitTimeout)
+	} else {
+		err = fmt.Errorf("redis: WAIT: %w: outcome unknown", err)
+	}
+	for _, c := range cmds {
+		if isScript(c) && c.Err() == nil {
+			c.SetErr(err)
+		}
+	}
+}
+
+func isScript(c goredis.Cmder) bool { n := c.Name(); return n == "evalsha" || n == "eval" }
 
 // cmdErr is the first error of the part's commands.
 func (p *part) cmdErr() error {

@@ -75,7 +75,28 @@ type Options struct {
 	// one batch twice. It must not be negative.
 	// Default: 5m.
 	BatchIDTTL time.Duration
+
+	// WaitReplicas, when positive, makes every pipeline that writes end with
+	// WAIT WaitReplicas WaitTimeout, and reports a push that fewer replicas
+	// acknowledged in time as of unknown outcome, so the caller re-sends it
+	// (the batch-part ids make that safe) until it is replicated. Replication
+	// being asynchronous, a Sentinel failover otherwise loses the writes the
+	// old primary acknowledged and did not pass on; with WaitReplicas 1 the
+	// hits of such pushes are kept by the caller and land on the new primary.
+	// The cost is a round trip to a replica per push, and pushes stall while
+	// no replica follows the primary. Not available with a ClusterClient,
+	// whose pipelines cannot carry a WAIT to every node. WaitTimeout must be
+	// below the client's ReadTimeout.
+	// Default: 0 (do not wait).
+	WaitReplicas int
+
+	// WaitTimeout bounds the WAIT of WaitReplicas.
+	// Default: 100ms.
+	WaitTimeout time.Duration
 }
+
+// DefaultWaitTimeout is the default of Options.WaitTimeout.
+const DefaultWaitTimeout = 100 * time.Millisecond
 
 func (o Options) withDefaults() (Options, error) {
 	if strings.ContainsAny(o.KeyPrefix, "{}") {
@@ -107,6 +128,15 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("redis: Options.BatchIDTTL %v is negative", o.BatchIDTTL)
 	case o.BatchIDTTL == 0:
 		o.BatchIDTTL = DefaultBatchIDTTL
+	}
+	if o.WaitReplicas < 0 {
+		return o, fmt.Errorf("redis: Options.WaitReplicas %d is negative", o.WaitReplicas)
+	}
+	switch {
+	case o.WaitTimeout < 0:
+		return o, fmt.Errorf("redis: Options.WaitTimeout %v is negative", o.WaitTimeout)
+	case o.WaitTimeout == 0:
+		o.WaitTimeout = DefaultWaitTimeout
 	}
 	return o, nil
 }
@@ -158,6 +188,9 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if _, ok := client.(*goredis.ClusterClient); ok && o.WaitReplicas > 0 {
+		return nil, errors.New("redis: Options.WaitReplicas is not supported with a ClusterClient")
 	}
 	s := &Store{client: client, opts: o, now: time.Now}
 	s.scriptPerCall = min(maxScriptCounters, o.BatchSize)

@@ -88,7 +88,7 @@ func TestNewValidatesOptions(t *testing.T) {
 	s, err := New(c, Options{})
 	require.NoError(t, err)
 	require.Equal(t, Options{KeyPrefix: DefaultKeyPrefix, Shards: DefaultShards, BatchSize: DefaultBatchSize,
-		ExpiryMargin: DefaultExpiryMargin, BatchIDTTL: DefaultBatchIDTTL}, s.Options())
+		ExpiryMargin: DefaultExpiryMargin, BatchIDTTL: DefaultBatchIDTTL, WaitTimeout: DefaultWaitTimeout}, s.Options())
 }
 
 func TestKeyLayout(t *testing.T) {
