@@ -150,6 +150,8 @@ type backend struct {
 	latency func(d time.Duration)
 	// proxy is the fault proxy in front of a real server (nil for memory).
 	proxy *faultproxy.Proxy
+	// pg is a direct pool to PostgreSQL (nil for other stores).
+	pg *pgxpool.Pool
 }
 
 // memGate is the fault path of the memory store: a strategy in front of a
@@ -351,6 +353,7 @@ func postgresBackend(t *testing.T) (*backend, string) {
 	return &backend{
 		name:  "postgres",
 		proxy: px,
+		pg:    directPool,
 		node: func() strategy.Strategy {
 			cfg, err := pgxpool.ParseConfig(dsn)
 			require.NoError(t, err)
