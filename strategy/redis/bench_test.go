@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -44,8 +45,29 @@ func benchBatchID() string {
 
 // A sync of 100,000 dirty keys in one batch: the goal is under 250 ms
 // (400,000 counters/s) against a local Redis.
-func BenchmarkPushDiffs100k(b *testing.B) {
-	c := benchClient(b)
+func BenchmarkPushDiffs100k(b *testing.B) { benchPush100k(b, benchClient(b)) }
+
+// The same against the three-node Cluster (three Redis processes share the
+// machine's two cores).
+func BenchmarkPushDiffs100kCluster(b *testing.B) {
+	if testing.Short() {
+		b.Skip("short")
+	}
+	addrs := getenv(envCluster)
+	if addrs == "" {
+		b.Skipf("%s is not set", envCluster)
+	}
+	c := goredis.NewClusterClient(&goredis.ClusterOptions{
+		Addrs: strings.Split(addrs, ","), MaxRedirects: 8, MaxRetries: testMaxRetries,
+		MinRetryBackoff: testMinRetryBackoff, MaxRetryBackoff: testMaxRetryBackoff,
+		DialTimeout: testDialTimeout, ReadTimeout: testReadTimeout, WriteTimeout: testWriteTimeout,
+		PoolTimeout: testPoolTimeout, ContextTimeoutEnabled: true,
+	})
+	b.Cleanup(func() { _ = c.Close() })
+	benchPush100k(b, c)
+}
+
+func benchPush100k(b *testing.B, c goredis.UniversalClient) {
 	const n = 100_000
 	now := time.Now().UnixMilli()
 	cur := strategy.WindowStart(now, time.Minute)
