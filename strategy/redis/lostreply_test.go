@@ -159,7 +159,7 @@ type lostReplyRun struct {
 // about half of the script replies, re-sending a batch after an error as the
 // core does, until minDrops replies were lost. The client keeps go-redis's
 // default retries, which re-send a script whose reply was lost.
-func runLostReplies(t *testing.T, target string, idempotent bool, minDrops int64) lostReplyRun {
+func runLostReplies(t *testing.T, target string, idempotent, single bool, minDrops int64) lostReplyRun {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var rngMu sync.Mutex
 	proxy := newReplyDropper(t, target, func() bool {
@@ -188,7 +188,19 @@ func runLostReplies(t *testing.T, target string, idempotent bool, minDrops int64
 	for run.pushes = 0; proxy.drops.Load() < minDrops; run.pushes++ {
 		require.Less(t, run.pushes, 20*int(minDrops), "too few replies dropped")
 		b := &strategy.Batch{ID: fmt.Sprintf("lost-%s-%d", s.opts.KeyPrefix, run.pushes), Namespace: ns}
+		if single {
+			// A synchronous-mode push: one key, its current window and the
+			// previous one's read, one script call sent on its own.
+			k := keys[rng.IntN(len(keys))]
+			d := int64(rng.IntN(5) + 1)
+			b.Diffs = append(b.Diffs, diff(k, time.Minute, base, d))
+			b.Reads = append(b.Reads, strategy.CounterID{Key: k, Size: time.Minute, Start: base - 60_000})
+			run.want[k] += d
+		}
 		for _, k := range keys {
+			if single {
+				break
+			}
 			if rng.IntN(3) > 0 {
 				d := int64(rng.IntN(5) + 1)
 				b.Diffs = append(b.Diffs, diff(k, time.Minute, base, d))
@@ -211,7 +223,7 @@ func runLostReplies(t *testing.T, target string, idempotent bool, minDrops int64
 				}
 			}
 			for i, r := range b.Reads {
-				if res.Reads[i] != run.want[r.Key] {
+				if r.Start == base && res.Reads[i] != run.want[r.Key] {
 					run.mismatches++
 				}
 			}
@@ -226,8 +238,8 @@ func runLostReplies(t *testing.T, target string, idempotent bool, minDrops int64
 		require.NoError(t, err)
 		run.got[cnt.Key] = cnt.Count
 	}
-	t.Logf("idempotent=%v: %d pushes, %d requests with script calls forwarded, %d replies lost, %d pushes failed after the client's retries, %d wrong totals returned",
-		idempotent, run.pushes, run.scripts, run.drops, run.storeErrors, run.mismatches)
+	t.Logf("idempotent=%v single=%v: %d pushes, %d requests with script calls forwarded, %d replies lost, %d pushes failed after the client's retries, %d wrong totals returned",
+		idempotent, single, run.pushes, run.scripts, run.drops, run.storeErrors, run.mismatches)
 	return run
 }
 
@@ -239,14 +251,20 @@ func TestLostReplies(t *testing.T) {
 	target := realAddr(t)
 
 	t.Run("ExactlyOnce", func(t *testing.T) {
-		run := runLostReplies(t, target, true, 300)
+		run := runLostReplies(t, target, true, false, 300)
 		require.Equal(t, run.want, run.got)
 		require.Zero(t, run.mismatches)
 		require.Greater(t, run.scripts, int64(run.pushes), "go-redis re-sent scripts")
 	})
 
+	t.Run("ExactlyOnceSingleCommand", func(t *testing.T) {
+		run := runLostReplies(t, target, true, true, 150)
+		require.Equal(t, run.want, run.got)
+		require.Zero(t, run.mismatches)
+	})
+
 	t.Run("WithoutIdempotencyItDoubleCounts", func(t *testing.T) {
-		run := runLostReplies(t, target, false, 30)
+		run := runLostReplies(t, target, false, false, 30)
 		var want, got int64
 		for k := range run.want {
 			want += run.want[k]
