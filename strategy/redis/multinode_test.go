@@ -196,7 +196,7 @@ func (m *multiNode) hitUntil(done <-chan struct{}) {
 func (m *multiNode) settle(store *Store) map[string]int64 {
 	t := m.t
 	ctx := context.Background()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(60 * time.Second) // after a failover, until a replica follows again
 	for _, ns := range m.nodes {
 		for {
 			err := ns.Sync(ctx)
