@@ -50,8 +50,9 @@ func TestAccuracyEvenLoad(t *testing.T) {
 // periods old: the bound doubles.
 func TestAccuracyOverload(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) })
-	for _, nodes := range []int{2, 4, 8} {
-		for _, passes := range []int{1, 2} {
+	for _, run1 := range []struct{ nodes, passes int }{{2, 1}, {4, 1}, {8, 1}, {4, 2}} {
+		{
+			nodes, passes := run1.nodes, run1.passes
 			c := simConfig(nodes, 2)
 			c.SyncPasses = passes
 			r := run(t, c)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"slices"
@@ -19,12 +20,6 @@ import (
 // simStart is the simulated clock's origin: a fixed instant, so simulated runs
 // align their windows the same way every time.
 var simStart = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
-
-// simLoopRate is the SyncRate given to nodes in simulated async runs. The
-// core's loop arms its timer from the clock (next SyncRate boundary), so at
-// this rate it never fires during a run: the lab calls Sync itself, at the
-// boundaries of the configured SyncRate on the simulated clock.
-const simLoopRate = 1_000_000 * time.Hour
 
 // Latency summarises the check latency, in nanoseconds.
 type Latency struct {
@@ -134,6 +129,7 @@ func (w *worker) record(h analysis.Hit) {
 
 // cluster is a run's nodes.
 type cluster struct {
+	sim    *simClock // released before Close, which waits for the sync loops
 	regs   []*ratelimit.Registry
 	nodes  []*ratelimit.Namespace
 	stores stores
@@ -141,6 +137,9 @@ type cluster struct {
 }
 
 func (c *cluster) close() {
+	if c.sim != nil {
+		c.sim.release()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, r := range c.regs {
@@ -149,23 +148,19 @@ func (c *cluster) close() {
 	c.stores.close()
 }
 
-func newCluster(ctx context.Context, cfg *Config, name string, clock func() time.Time) (*cluster, error) {
-	c := &cluster{stores: stores{cfg: cfg}}
+func newCluster(ctx context.Context, cfg *Config, name string, clock func() time.Time, sim *simClock) (*cluster, error) {
+	c := &cluster{stores: stores{cfg: cfg}, sim: sim}
 	windows := []time.Duration{}
 	for _, l := range cfg.Limits {
 		if !slices.Contains(windows, l.Window) {
 			windows = append(windows, l.Window)
 		}
 	}
-	syncRate := cfg.SyncRate
-	if cfg.Simulated && syncRate > 0 {
-		syncRate = simLoopRate
-	}
 	for range cfg.Nodes {
 		rc := ratelimit.Config{
 			Namespace:   name,
 			WindowSizes: windows,
-			SyncRate:    syncRate,
+			SyncRate:    cfg.SyncRate,
 			Clock:       clock,
 			MaxKeys:     max(1<<20, 2*cfg.Keys),
 			SyncTimeout: cfg.SyncTimeout,
@@ -204,17 +199,22 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Simulated {
 		res.Clock = "simulated"
 	}
-	var simNow atomic.Int64
 	clock := time.Now
+	var sim *simClock
 	if cfg.Simulated {
-		simNow.Store(simStart)
-		clock = func() time.Time { return time.Unix(0, simNow.Load()) }
+		sim = newSimClock(simStart)
+		clock = sim.Now
 	}
-	cl, err := newCluster(ctx, &cfg, res.Namespace, clock)
+	cl, err := newCluster(ctx, &cfg, res.Namespace, clock, sim)
 	if err != nil {
 		return nil, err
 	}
 	defer cl.close()
+	if sim != nil && cfg.SyncRate >= 0 {
+		if err := sim.awaitParked(cfg.Nodes); err != nil {
+			return nil, err
+		}
+	}
 
 	keys := make([]string, cfg.Keys)
 	for i := range keys {
@@ -229,7 +229,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var workers []*worker
 	start := time.Now()
 	if cfg.Simulated {
-		workers = []*worker{runSimulated(ctx, &cfg, cl, keys, rates, limits, &simNow)}
+		workers = []*worker{runSimulated(ctx, &cfg, cl, keys, rates, limits, &sim.now)}
 		res.RunTime = cfg.Duration
 	} else {
 		workers = runWall(ctx, &cfg, cl, keys, rates, limits)
@@ -246,6 +246,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.Store.SyncErrors += st.SyncErrors
 	}
 	summarise(res, &cfg, workers, rates, cl)
+	if sim != nil && sim.escaped.Load() > 0 {
+		return res, errors.New("simulated clock: a sync loop woke during the run; the run is not reproducible")
+	}
 	return res, nil
 }
 
