@@ -23,6 +23,7 @@ const (
 	DefaultBatchSize    = 10_000
 	DefaultExpiryMargin = 10 * time.Second
 	DefaultBatchIDTTL   = 5 * time.Minute
+	DefaultWaitTimeout  = 100 * time.Millisecond
 
 	// MaxShards is the largest Options.Shards: Redis Cluster has 16384 slots.
 	MaxShards = 16384
@@ -94,9 +95,6 @@ type Options struct {
 	// Default: 100ms.
 	WaitTimeout time.Duration
 }
-
-// DefaultWaitTimeout is the default of Options.WaitTimeout.
-const DefaultWaitTimeout = 100 * time.Millisecond
 
 func (o Options) withDefaults() (Options, error) {
 	if strings.ContainsAny(o.KeyPrefix, "{}") {
