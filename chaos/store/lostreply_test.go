@@ -92,38 +92,37 @@ func memoryLoser(g *memGate) *replyLoser {
 // twice: that proves the faults really hit applied writes, and that the test
 // fails when idempotency is removed.
 func TestLostReplies(t *testing.T) {
-	target := pick(int64(1000), int64(200))
-	controlTarget := int64(100)
-	t.Run("memory", func(t *testing.T) {
-		noLeaks(t)
-		b, g := memoryBackend(t)
-		runLostReplies(t, b, memoryLoser(g), target, false)
-	})
-	t.Run("memory/control", func(t *testing.T) {
-		noLeaks(t)
-		b, g := memoryBackend(t)
-		runLostReplies(t, b, memoryLoser(g), controlTarget, true)
-	})
-	t.Run("redis", func(t *testing.T) {
-		noLeaks(t)
-		b := redisBackend(t, redisAddr(t))
-		runLostReplies(t, b, redisLoser(b.proxy), target, false)
-	})
-	t.Run("redis/control", func(t *testing.T) {
-		noLeaks(t)
-		b := redisBackend(t, redisAddr(t))
-		runLostReplies(t, b, redisLoser(b.proxy), controlTarget, true)
-	})
-	t.Run("postgres", func(t *testing.T) {
-		noLeaks(t)
-		b, _ := postgresBackend(t)
-		runLostReplies(t, b, nil, target, false)
-	})
-	t.Run("postgres/control", func(t *testing.T) {
-		noLeaks(t)
-		b, _ := postgresBackend(t)
-		runLostReplies(t, b, nil, controlTarget, true)
-	})
+	// The cases are independent and not timed: they run concurrently, and
+	// the leak check is the parent's.
+	noLeaks(t)
+	target := pick(int64(1000), int64(60))
+	controlTarget := pick(int64(100), int64(40))
+	concurrently(t, false,
+		namedCase{"memory", func(t *testing.T) {
+			b, g := memoryBackend(t)
+			runLostReplies(t, b, memoryLoser(g), target, false)
+		}},
+		namedCase{"memory/control", func(t *testing.T) {
+			b, g := memoryBackend(t)
+			runLostReplies(t, b, memoryLoser(g), controlTarget, true)
+		}},
+		namedCase{"redis", func(t *testing.T) {
+			b := redisBackend(t, redisAddr(t))
+			runLostReplies(t, b, redisLoser(b.proxy), target, false)
+		}},
+		namedCase{"redis/control", func(t *testing.T) {
+			b := redisBackend(t, redisAddr(t))
+			runLostReplies(t, b, redisLoser(b.proxy), controlTarget, true)
+		}},
+		namedCase{"postgres", func(t *testing.T) {
+			b, _ := postgresBackend(t)
+			runLostReplies(t, b, nil, target, false)
+		}},
+		namedCase{"postgres/control", func(t *testing.T) {
+			b, _ := postgresBackend(t)
+			runLostReplies(t, b, nil, controlTarget, true)
+		}},
+	)
 }
 
 // runLostReplies drives three nodes (each: a few increments, then Sync, as
@@ -146,9 +145,15 @@ func runLostReplies(t *testing.T, b *backend, loser *replyLoser, target int64, c
 	var syncErrs atomic.Int64
 	ctx := context.Background()
 	begin := time.Now()
-	// Lose half of the replies: a re-sent push then often gets through,
-	// and its own reply may be lost again.
-	loser.arm(0.5)
+	// Lose half of the replies: a re-sent push (by go-redis's retries or by
+	// the node) then often gets through, and its own reply may be lost
+	// again. The control loses 90%, so that pushes fail often enough for
+	// the node to re-send them (under new IDs) many times.
+	if control {
+		loser.arm(0.9)
+	} else {
+		loser.arm(0.5)
+	}
 	var wg sync.WaitGroup
 	deadline := time.Now().Add(pick(150*time.Second, 60*time.Second))
 	for i, n := range c.nodes {
