@@ -291,7 +291,7 @@ func TestCrashCloseDeadStore(t *testing.T) {
 				store, err := redis.New(client, redis.Options{KeyPrefix: uniquePrefix(t)})
 				require.NoError(t, err)
 				ns, err := ratelimit.NewRegistry().New(ratelimit.Config{Namespace: "dead", WindowSizes: []time.Duration{crashWindow},
-					SyncRate: rate, Strategy: store, SyncTimeout: 100 * time.Millisecond})
+					SyncRate: rate, Strategy: store, SyncTimeout: 50 * time.Millisecond})
 				require.NoError(t, err)
 				// Synchronous mode waits SyncTimeout per hit: a few suffice.
 				for range 5 {
@@ -299,7 +299,7 @@ func TestCrashCloseDeadStore(t *testing.T) {
 					require.NoError(t, err)
 					require.True(t, d.Allowed)
 				}
-				deadline := 300 * time.Millisecond
+				deadline := 200 * time.Millisecond
 				err, took := closeWithin(ns, deadline)
 				t.Logf("Close on a dead store (%s): %v after %v", kind, err, took)
 				require.ErrorIs(t, err, ratelimit.ErrStoreUnavailable)

@@ -84,9 +84,9 @@ func skewCases() []skewCase {
 // after the first: the client has been sending since an earlier window
 // (steady state). TestClockSkewOnset checks the first.
 func TestClockSkewSimulated(t *testing.T) {
-	windows := 8
-	if testing.Short() {
-		windows = 4
+	windows := 3 // the first, then two in steady state
+	if heavy() {
+		windows = 8
 	}
 	b := refSlack(refNodes, refRate, refSyncRate)
 	for _, c := range skewCases() {
@@ -183,7 +183,7 @@ func simulateSkew(t *testing.T, c skewCase, windows int) []int64 {
 // TestClockSkewRedisTime runs the reference cluster in wall-clock time
 // against the real Redis, each node with its own client, Store and
 // redis.Clock (window time from Redis TIME): admitted hits per window stay
-// within L + B. Without RATELIMIT_TEST_HEAVY the window is 2 s (limit 200)
+// within L + B. Without RATELIMIT_TEST_HEAVY the window is 1 s (limit 100)
 // and the run two windows long.
 //
 // redis.Clock measures its offset against the process clock through an
@@ -193,7 +193,7 @@ func simulateSkew(t *testing.T, c skewCase, windows int) []int64 {
 func TestClockSkewRedisTime(t *testing.T) {
 	noLeaks(t)
 	addr := redisAddr(t)
-	window, limitMax, windows := 2*time.Second, int64(200), 2
+	window, limitMax, windows := time.Second, int64(100), 2
 	if heavy() {
 		window, limitMax, windows = refWindow, int64(refMax), 2
 	}
