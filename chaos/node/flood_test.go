@@ -245,3 +245,37 @@ func TestMaxKeysIsACap(t *testing.T) {
 		assert.LessOrEqual(t, st.TrackedKeys, maxKeys, "MaxKeys %d", maxKeys)
 	}
 }
+
+// TestFloodKeepsHotKeys isolates the victims' part of the flood: 100 hot
+// keys, each used every 200 flood keys (about 1.6 inserts into its shard),
+// must never be evicted by one-hit keys. It fails: when every entry of a full
+// shard has its reference bit set, which a flood of fresh keys (inserted
+// referenced) brings about, one makeRoom call clears every bit in a first
+// revolution and evicts in the second the first entry it meets, hot or not.
+func TestFloodKeepsHotKeys(t *testing.T) {
+	noLeaks(t)
+	const hot = floodVictims
+	ns, err := ratelimit.NewRegistry().New(ratelimit.Config{Namespace: "hot", WindowSizes: []time.Duration{time.Hour},
+		SyncRate: -1, MaxKeys: 5_000, Clock: func() time.Time { return time.UnixMilli(1_700_000_000_000) }})
+	require.NoError(t, err)
+	closeNS(t, ns)
+	ctx := context.Background()
+	counts := make([]int64, hot)
+	resets := 0
+	for i := range 30_000 {
+		_, err := ns.Increment(ctx, "flood:"+strconv.Itoa(i), time.Hour, 1)
+		require.NoError(t, err)
+		if i%2 == 0 {
+			v := (i / 2) % hot
+			rate, err := ns.Increment(ctx, "hot:"+strconv.Itoa(v), time.Hour, 1)
+			require.NoError(t, err)
+			counts[v]++
+			if int64(rate) != counts[v] {
+				resets++
+				counts[v] = int64(rate)
+			}
+		}
+	}
+	t.Logf("hot keys evicted (their count restarted) %d times; evictions %d", resets, ns.Stats().Evictions)
+	assert.Zero(t, resets, "a hot key was evicted by one-hit keys")
+}
