@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -31,17 +30,20 @@ import (
 
 var fuzzSizes = []time.Duration{time.Second, 10 * time.Second, time.Minute}
 
-// fuzzFaults is the fault the synchronous namespace's store injects in the
-// current input (fuzz inputs run one at a time in a worker process).
-var fuzzFaults atomic.Int32
-
-// fuzzSpaces are the namespaces the API fuzzer drives: one per mode, made
-// once per process (each fuzz worker is a process) and never closed, so
-// state carries over between inputs as it does in a long-lived service.
-var fuzzSpaces = sync.OnceValue(func() []*ratelimit.Namespace {
+// fuzzSpaces returns the namespaces the API fuzzer drives, one per mode,
+// closed when f ends. Inputs share them (a fuzz worker runs its inputs one at
+// a time), so state carries over between inputs as in a long-lived service.
+// The synchronous namespace's store injects the fault *fault says.
+func fuzzSpaces(f *testing.F, fault *atomic.Int32) []*ratelimit.Namespace {
 	faulty := memory.New()
-	faulty.SetFaults(func(memory.Op) memory.Fault { return memory.Fault(fuzzFaults.Load()) })
+	faulty.SetFaults(func(memory.Op) memory.Fault { return memory.Fault(fault.Load()) })
 	reg := ratelimit.NewRegistry()
+	f.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		fault.Store(0)
+		_ = reg.Close(ctx)
+	})
 	var out []*ratelimit.Namespace
 	for _, c := range []ratelimit.Config{
 		{Namespace: "local", SyncRate: -1},
@@ -51,12 +53,12 @@ var fuzzSpaces = sync.OnceValue(func() []*ratelimit.Namespace {
 		c.WindowSizes, c.MaxKeys = fuzzSizes, 4096
 		ns, err := reg.New(c)
 		if err != nil {
-			panic(err)
+			f.Fatal(err)
 		}
 		out = append(out, ns)
 	}
 	return out
-})
+}
 
 func fuzzAPISeeds(f *testing.F) {
 	big := strings.Repeat("k", 1<<20)
@@ -112,11 +114,12 @@ func fuzzAPISeeds(f *testing.F) {
 
 func FuzzAPI(f *testing.F) {
 	fuzzAPISeeds(f)
+	var faults atomic.Int32
+	spaces := fuzzSpaces(f, &faults)
 	f.Fuzz(func(t *testing.T, op, mode, fault uint8, key string, cost, window, limitMax, extra int64) {
-		spaces := fuzzSpaces()
 		ns := spaces[int(mode)%len(spaces)]
-		fuzzFaults.Store(int32(fault % 4))
-		defer fuzzFaults.Store(0)
+		faults.Store(int32(fault % 4))
+		defer faults.Store(0)
 		ctx := context.Background()
 		w := time.Duration(window)
 		l := ratelimit.Limit{Window: w, Max: limitMax, Fixed: extra&1 != 0, Penalty: extra&2 != 0}
@@ -172,23 +175,28 @@ func FuzzAPI(f *testing.F) {
 	})
 }
 
-// fuzzHandlers are the middlewares FuzzMiddleware drives, made once per
-// process: keys by IP (X-Forwarded-For and Forwarded behind trusted
-// proxies), by header, by API key and route; rules with patterns; a
-// fail-closed namespace whose store refuses every call.
-var fuzzHandlers = sync.OnceValue(func() []http.Handler {
+// fuzzHandlers returns the middlewares FuzzMiddleware drives, their
+// namespaces closed when f ends: keys by IP (X-Forwarded-For and Forwarded
+// behind trusted proxies), by header, by API key and route; rules with
+// patterns; a fail-closed namespace whose store refuses every call.
+func fuzzHandlers(f *testing.F) []http.Handler {
 	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	reg := ratelimit.NewRegistry()
+	f.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = reg.Close(ctx)
+	})
 	healthy, err := reg.New(ratelimit.Config{Namespace: "mw", WindowSizes: fuzzSizes, SyncRate: time.Hour, Strategy: memory.New(), MaxKeys: 4096})
 	if err != nil {
-		panic(err)
+		f.Fatal(err)
 	}
 	dead := memory.New()
 	dead.SetFaults(func(memory.Op) memory.Fault { return memory.Refuse })
 	down, err := reg.New(ratelimit.Config{Namespace: "mw-down", WindowSizes: fuzzSizes, SyncRate: 0, Strategy: dead,
 		MaxKeys: 4096, RetryInterval: time.Hour})
 	if err != nil {
-		panic(err)
+		f.Fatal(err)
 	}
 	proxies := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128"), netip.MustParsePrefix("fd00::/8")}
 	tight := []ratelimit.Limit{{Window: time.Second, Max: 2}, {Window: time.Minute, Max: 5, Name: "per-minute"}}
@@ -209,12 +217,12 @@ var fuzzHandlers = sync.OnceValue(func() []http.Handler {
 		o.Logger = quiet
 		mw, err := httplimit.New(o)
 		if err != nil {
-			panic(err)
+			f.Fatal(err)
 		}
 		out = append(out, mw(next))
 	}
 	return out
-})
+}
 
 func FuzzMiddleware(f *testing.F) {
 	for _, s := range []struct {
@@ -251,8 +259,8 @@ func FuzzMiddleware(f *testing.F) {
 	} {
 		f.Add(s.which, s.method, s.target, s.remote, s.xff, s.fwd, s.tenant, s.auth)
 	}
+	handlers := fuzzHandlers(f)
 	f.Fuzz(func(t *testing.T, which uint8, method, target, remote, xff, fwd, tenant, auth string) {
-		handlers := fuzzHandlers()
 		h := handlers[int(which)%len(handlers)]
 		u, err := url.ParseRequestURI(target)
 		if err != nil {
