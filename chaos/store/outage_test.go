@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -47,7 +48,10 @@ func TestStoreOutage(t *testing.T) {
 func runOutage(t *testing.T, b *backend, outage time.Duration, timed bool) {
 	c := newCluster(t, b, refNodes, ratelimit.Config{SyncRate: refSyncRate, SyncTimeout: time.Second})
 	limit := ratelimit.Limit{Window: refWindow, Max: refLimit}
-	tr := start(c, keysN("user", 10), limit, refRate)
+	// Three keys: each gets 100 hits/s from every node, so a key reaches
+	// its limit 3.3 s into a window when the nodes sync, and each node alone
+	// sends exactly a limit's worth per window while they cannot.
+	tr := start(c, keysN("user", 3), limit, refRate)
 
 	time.Sleep(pick(time.Second, 500*time.Millisecond)) // healthy traffic first
 	_, errsBefore, _, _ := c.stats()
@@ -98,6 +102,12 @@ func runOutage(t *testing.T, b *backend, outage time.Duration, timed bool) {
 	}), "a node never synced after the outage")
 	checkExact(t, b, c, tr, 30*time.Second)
 	recovery := time.Since(up)
+	// Once a node's cycle succeeded, its decisions are no longer degraded.
+	for i, n := range c.nodes {
+		d, err := n.ns.Peek(context.Background(), tr.keys[0], 1, limit, tally)
+		require.NoError(t, err)
+		assert.False(t, d.Degraded, "node %d still degraded after recovery", i)
+	}
 
 	// Attempts during the outage, and the gaps between them.
 	var perNode []int
@@ -121,6 +131,12 @@ func runOutage(t *testing.T, b *backend, outage time.Duration, timed bool) {
 	require.NotEmpty(t, lat)
 	p50, p99, p999, worst := quantile(lat, .5), quantile(lat, .99), quantile(lat, .999), lat[len(lat)-1]
 
+	var maxWin int64
+	for _, m := range tr.perWindow {
+		for _, n := range m {
+			maxWin = max(maxWin, n)
+		}
+	}
 	require.NoError(t, c.close(10*time.Second), "Close after recovery flushes")
 	require.Empty(t, tr.errs)
 
@@ -128,6 +144,8 @@ func runOutage(t *testing.T, b *backend, outage time.Duration, timed bool) {
 		outage, len(lat), tr.degraded, p50, p99, p999, worst)
 	result(t, "sync attempts during the outage per node %v (bound from the backoff schedule %d; failed cycles %d), gaps between attempts %v",
 		perNode, maxAttempts(outage, refSyncRate, 5*time.Second), errsAfter-errsBefore, gaps)
+	result(t, "most hits of one key admitted in one %v window over the run: %d (limit %d; the nodes decide alone during the outage, so up to %d×limit)",
+		refWindow, maxWin, refLimit, refNodes)
 	result(t, "recovery: per node, first attempt %v after the outage ended, first successful cycle %v after it, cycles completed by then (in flight at the end included) %v; store totals equal the %d admitted hits %v after it",
 		roundAll(firstTry), roundAll(recovered), cycles, tr.total(), recovery.Round(time.Millisecond))
 
