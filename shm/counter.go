@@ -7,11 +7,16 @@ import (
 
 // lock returns key's entry with its shard locked: read-locked when the entry
 // existed, write-locked when this call created it. Release with s.unlock.
+//
+// An entry found existing is marked used for the eviction hand; a new one is
+// not, so keys seen once (a flood of one-hit keys) are evicted before keys
+// seen again, which the hand spares for one more lap.
 func (t *Table) lock(key string, now int64) (s *shard, e *Entry, excl bool) {
 	h := maphash.String(t.seed, key)
 	s = t.shardOf(h)
 	s.mu.RLock()
 	if e = s.find(key, h); e != nil {
+		e.markUsed()
 		return s, e, false
 	}
 	s.mu.RUnlock()
@@ -19,8 +24,17 @@ func (t *Table) lock(key string, now int64) (s *shard, e *Entry, excl bool) {
 	if e = s.find(key, h); e == nil {
 		// Clone: the caller's string may share a large buffer (a header, a body).
 		e = t.insert(s, strings.Clone(key), h, now)
+	} else {
+		e.markUsed()
 	}
 	return s, e, true
+}
+
+// markUsed sets the entry's reference bit for the eviction hand.
+func (e *Entry) markUsed() {
+	if e.flags.Load()&flagRef == 0 {
+		e.flags.Or(flagRef)
+	}
 }
 
 // lookup returns key's entry read-locked, or nil with nothing locked.
@@ -70,18 +84,13 @@ func (t *Table) window(e *Entry, w int, now int64) (int64, int) {
 	return x, int(q & 1)
 }
 
-// touch marks e used (for eviction) and, when tracking, dirty.
+// touch marks e dirty when tracking: it is on its shard's dirty list until
+// the next Collect.
 func (t *Table) touch(s *shard, e *Entry) {
-	want := flagRef
-	if t.track {
-		want |= flagDirty
-	}
-	f := e.flags.Load()
-	if f&want == want {
+	if !t.track || e.flags.Load()&flagDirty != 0 {
 		return
 	}
-	old := e.flags.Or(want)
-	if t.track && old&flagDirty == 0 {
+	if old := e.flags.Or(flagDirty); old&flagDirty == 0 {
 		s.dirtyMu.Lock()
 		s.dirty = append(s.dirty, e)
 		s.dirtyMu.Unlock()
@@ -115,9 +124,6 @@ func (t *Table) Add(key string, w int, now, v int64) View {
 func (t *Table) Peek(key string, w int, now int64) View {
 	s, e, excl := t.lock(key, now)
 	x, par := t.window(e, w, now)
-	if e.flags.Load()&flagRef == 0 {
-		e.flags.Or(flagRef)
-	}
 	p := &e.w[w]
 	size := t.sizeMS[w]
 	vw := View{Start: x, Cur: p.viewAt(x, size, par), Prev: p.viewAt(x-size, size, par^1)}
@@ -177,11 +183,7 @@ func (t *Table) AddWindows(key string, now int64, mask uint8, v [2]int64, peek b
 		size := t.sizeMS[w]
 		out[w] = View{Start: x, Cur: p.viewAt(x, size, par), Prev: p.viewAt(x-size, size, par^1)}
 	}
-	if peek {
-		if e.flags.Load()&flagRef == 0 {
-			e.flags.Or(flagRef)
-		}
-	} else {
+	if !peek {
 		t.touch(s, e)
 	}
 	s.unlock(excl)
