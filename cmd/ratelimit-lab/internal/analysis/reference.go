@@ -45,47 +45,49 @@ type Options struct {
 // Result is what Analyze finds. Over-admission figures are about Limits[0]'s
 // window; decisions are judged against every limit.
 type Result struct {
-	Reference string // "sliding-log" or "fixed-window"
+	Reference string `json:"reference"` // "sliding-log" or "fixed-window"
 
-	Hits     int64 // decided hits (Failed ones excluded)
-	Admitted int64 // hits the nodes admitted
-	Failed   int64 // hits whose Allow returned an error
+	Hits     int64 `json:"hits"`     // decided hits (Failed ones excluded)
+	Admitted int64 `json:"admitted"` // hits the nodes admitted
+	Failed   int64 `json:"failed"`   // hits whose Allow returned an error
 
 	// FalseRejections counts hits the nodes rejected although the hits they
 	// had admitted left room: for every limit, the cost admitted in the
 	// reference window before the hit, plus the hit's cost, was <= Max.
-	FalseRejections int64
+	FalseRejections int64 `json:"false_rejections"`
 	// ExcessAdmissions counts hits the nodes admitted although, for some
 	// limit, the cost admitted in the reference window before the hit plus
 	// its own cost exceeded Max.
-	ExcessAdmissions int64
+	ExcessAdmissions int64 `json:"excess_admissions"`
 	// RefAdmitted is how many of the same hits an exact limiter (the
 	// reference applied to its own decisions, from the start) admits.
-	RefAdmitted int64
+	RefAdmitted int64 `json:"ref_admitted"`
 
 	// MaxOver is the largest over-admission of any key: the most cost the
 	// nodes admitted in one reference window (a trailing window (t-W, t] for
 	// the sliding log, an aligned window for the fixed reference) beyond Max.
-	MaxOver int64
+	MaxOver int64 `json:"max_over"`
 	// MeanOver is the mean over-admission over the (key, aligned window)
 	// pairs that admitted anything, where a pair's over-admission is the
 	// largest count of reference windows ending in it, beyond Max (0 if none).
-	MeanOver float64
+	MeanOver float64 `json:"mean_over"`
 	// Windows counts those (key, aligned window) pairs; WindowsOver, those
 	// with a positive over-admission.
-	Windows, WindowsOver int64
+	Windows     int64 `json:"windows"`
+	WindowsOver int64 `json:"windows_over"`
 
 	// Series is SeriesKey's per-aligned-window history; AllKeys the same
 	// summed (Offered, Admitted) or maximised (MaxTrailing) over keys.
-	Series, AllKeys []WindowPoint
+	Series  []WindowPoint `json:"series"`
+	AllKeys []WindowPoint `json:"all_keys"`
 }
 
 // WindowPoint describes one aligned window of Limits[0].
 type WindowPoint struct {
-	Start       int64 // Unix ns of the window's start
-	Offered     int64 // hits
-	Admitted    int64 // hits the nodes admitted
-	MaxTrailing int64 // the most cost admitted in one reference window ending in this window
+	Start       int64 `json:"start_ns"`     // Unix ns of the window's start
+	Offered     int64 `json:"offered"`      // hits
+	Admitted    int64 `json:"admitted"`     // hits the nodes admitted
+	MaxTrailing int64 `json:"max_trailing"` // the most cost admitted in one reference window ending in this window
 }
 
 // FalseRejectionRate returns FalseRejections / Hits (0 when no hits).
