@@ -41,14 +41,16 @@ type Namespace struct {
 	tables []*shm.Table
 	sizeMS []int64
 
-	// syncMu serialises sync cycles and fetches: at most one runs at a time.
-	syncMu    sync.Mutex
+	// syncSem serialises sync cycles and fetches: at most one runs at a time.
+	// A channel rather than a mutex, so a caller can stop waiting when its
+	// context is done (Close must return by its deadline).
+	syncSem   chan struct{}
 	lastPurge time.Time
 	// unresolved are pushes whose outcome is unknown, oldest first. They are
 	// re-sent unchanged before any newer hit is pushed.
 	unresMu    sync.Mutex
 	unresolved []*push
-	spare      *push // a settled cycle's push, reused for its buffers (under syncMu)
+	spare      *push // a settled cycle's push, reused for its buffers (under syncSem)
 
 	stats stats
 	// storeDown is set while the last sync cycle failed: answers from local
@@ -96,6 +98,7 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 	ns.stats.decisions = make([]decisionCounters, len(cfg.WindowSizes))
 	ns.ctx, ns.cancel = context.WithCancel(context.Background())
 	ns.done = make(chan struct{})
+	ns.syncSem = make(chan struct{}, 1)
 	ns.loopDone = make(chan struct{})
 	if ns.mode == modeLocal {
 		close(ns.loopDone)

@@ -99,7 +99,7 @@ func (ns *Namespace) dropUnresolved(p *push) {
 
 // syncOnce runs one cycle: re-send the pushes whose outcome is unknown, then
 // push every hit not yet pushed (with reads of the keys this node has seen),
-// then, with FetchAll, fetch the namespace. The caller holds syncMu.
+// then, with FetchAll, fetch the namespace. The caller holds syncSem.
 func (ns *Namespace) syncOnce(ctx context.Context, reads bool) error {
 	now := ns.now()
 	for p := ns.firstUnresolved(); p != nil; p = ns.firstUnresolved() {
@@ -166,6 +166,18 @@ func (ns *Namespace) usesStore(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
+// lockSync waits for the sync semaphore, or for ctx to be done.
+func (ns *Namespace) lockSync(ctx context.Context) error {
+	select {
+	case ns.syncSem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w: waiting for a sync in flight: %w", ErrStoreUnavailable, ctx.Err())
+	}
+}
+
+func (ns *Namespace) unlockSync() { <-ns.syncSem }
+
 // Sync runs one sync cycle now: it re-sends pushes whose outcome is unknown,
 // pushes every hit not yet pushed, and learns the totals of the keys this node
 // has seen. It waits for a cycle already running. It does nothing in local
@@ -174,8 +186,10 @@ func (ns *Namespace) Sync(ctx context.Context) error {
 	if ok, err := ns.usesStore(ctx); !ok {
 		return err
 	}
-	ns.syncMu.Lock()
-	defer ns.syncMu.Unlock()
+	if err := ns.lockSync(ctx); err != nil {
+		return err
+	}
+	defer ns.unlockSync()
 	start := time.Now()
 	err := ns.syncOnce(ctx, true)
 	ns.stats.recordSync(start, err)
@@ -191,8 +205,10 @@ func (ns *Namespace) Fetch(ctx context.Context, now time.Time) error {
 	if ok, err := ns.usesStore(ctx); !ok {
 		return err
 	}
-	ns.syncMu.Lock()
-	defer ns.syncMu.Unlock()
+	if err := ns.lockSync(ctx); err != nil {
+		return err
+	}
+	defer ns.unlockSync()
 	return ns.fetchLocked(ctx, now.UnixMilli())
 }
 
@@ -271,9 +287,11 @@ func (ns *Namespace) loop() {
 		case <-timer.C:
 		}
 		start := time.Now()
-		ns.syncMu.Lock()
-		err := ns.syncOnce(ns.ctx, reads)
-		ns.syncMu.Unlock()
+		err := ns.lockSync(ns.ctx)
+		if err == nil {
+			err = ns.syncOnce(ns.ctx, reads)
+			ns.unlockSync()
+		}
 		ns.stats.recordSync(start, err)
 		ns.storeDown.Store(err != nil)
 		if err != nil {
@@ -315,8 +333,10 @@ func (ns *Namespace) logFailure(failures int, err error) {
 // flush pushes everything before Close returns, retrying until ctx is done
 // (or three attempts, when ctx has no deadline).
 func (ns *Namespace) flush(ctx context.Context) error {
-	ns.syncMu.Lock()
-	defer ns.syncMu.Unlock()
+	if err := ns.lockSync(ctx); err != nil {
+		return err
+	}
+	defer ns.unlockSync()
 	_, hasDeadline := ctx.Deadline()
 	for attempt := 1; ; attempt++ {
 		err := ns.syncOnce(ctx, false)
