@@ -171,6 +171,10 @@ type backend struct {
 	direct strategy.Strategy
 	// outage starts (true) or ends a store outage.
 	outage func(on bool)
+	// lostReplyThenOutage starts an outage at the moment a push of
+	// namespace was applied and its reply is being lost; it returns a
+	// function that reports whether that has happened yet.
+	lostReplyThenOutage func(namespace string) (happened func() bool)
 	// latency adds d to every round trip to the store.
 	latency func(d time.Duration)
 	// proxy is the fault proxy in front of a real server (nil for memory).
@@ -187,6 +191,9 @@ type memGate struct {
 	cur     atomic.Pointer[memory.Store]
 	hole    atomic.Bool
 	latency atomic.Int64
+	// loseThenHole: the next push is applied, its reply lost, and the
+	// black hole starts.
+	loseThenHole, lostThenHoled atomic.Bool
 }
 
 func newMemGate() *memGate {
@@ -218,7 +225,13 @@ func (g *memGate) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Re
 	if err := g.wait(ctx); err != nil {
 		return strategy.Result{}, err
 	}
-	return g.cur.Load().PushDiffs(ctx, b)
+	res, err := g.cur.Load().PushDiffs(ctx, b)
+	if err == nil && len(b.Diffs) > 0 && g.loseThenHole.CompareAndSwap(true, false) {
+		g.hole.Store(true)
+		g.lostThenHoled.Store(true)
+		return strategy.Result{}, fmt.Errorf("memgate: reply lost (outcome unknown)")
+	}
+	return res, err
 }
 
 func (g *memGate) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2[strategy.Counter, error] {
@@ -266,6 +279,10 @@ func memoryBackend(t *testing.T) (*backend, *memGate) {
 		direct:  memDirect{g},
 		outage:  func(on bool) { g.hole.Store(on) },
 		latency: func(d time.Duration) { g.latency.Store(int64(d)) },
+		lostReplyThenOutage: func(string) func() bool {
+			g.loseThenHole.Store(true)
+			return g.lostThenHoled.Load
+		},
 	}, g
 }
 
@@ -322,7 +339,7 @@ func redisBackend(t *testing.T, addr string) *backend {
 	px := newProxy(t, addr)
 	ds, err := redis.New(direct, opts)
 	require.NoError(t, err)
-	return &backend{
+	b := &backend{
 		name:  "redis",
 		proxy: px,
 		node: func() strategy.Strategy {
@@ -340,6 +357,10 @@ func redisBackend(t *testing.T, addr string) *backend {
 		},
 		latency: px.SetLatency,
 	}
+	b.lostReplyThenOutage = func(string) func() bool {
+		return armLostReplyThenOutage(b, isScriptCall, nil)
+	}
+	return b
 }
 
 func postgresDSN(t *testing.T) string {
@@ -375,7 +396,7 @@ func postgresBackend(t *testing.T) (*backend, string) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	require.NoError(t, err)
 	px := newProxy(t, fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port))
-	return &backend{
+	b := &backend{
 		name:  "postgres",
 		proxy: px,
 		pg:    directPool,
@@ -405,7 +426,28 @@ func postgresBackend(t *testing.T) (*backend, string) {
 			}
 		},
 		latency: px.SetLatency,
-	}, table
+	}
+	b.lostReplyThenOutage = func(ns string) func() bool {
+		return armLostReplyThenOutage(b, containsFunc(ns), readyForQuery)
+	}
+	return b, table
+}
+
+// armLostReplyThenOutage arms b's proxy to cut the next request that match
+// accepts once done says the server answered it (it was applied), and to
+// start b's outage at that moment, so the client's own retries fall into
+// the outage. It returns whether the cut has happened.
+func armLostReplyThenOutage(b *backend, match, done func([]byte) bool) func() bool {
+	var happened atomic.Bool
+	b.proxy.Arm(faultproxy.Cut{Match: match, ReplyDone: func(reply []byte) bool {
+		if done != nil && !done(reply) {
+			return false
+		}
+		b.outage(true)
+		happened.Store(true)
+		return true
+	}})
+	return happened.Load
 }
 
 // ---------------------------------------------------------------------------

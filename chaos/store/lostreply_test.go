@@ -50,22 +50,29 @@ func proxyLoser(px *faultproxy.Proxy, match, done func([]byte) bool) replyLoser 
 // answers a script call only after running it, so the first reply byte proves
 // the write happened.
 func redisLoser(px *faultproxy.Proxy) *replyLoser {
-	l := proxyLoser(px, func(b []byte) bool {
-		l := bytes.ToLower(b)
-		return bytes.Contains(l, []byte("\r\nevalsha\r\n")) || bytes.Contains(l, []byte("\r\neval\r\n"))
-	}, nil)
+	l := proxyLoser(px, isScriptCall, nil)
 	return &l
+}
+
+// isScriptCall reports whether a chunk sent to Redis holds a script call.
+func isScriptCall(b []byte) bool {
+	l := bytes.ToLower(b)
+	return bytes.Contains(l, []byte("\r\nevalsha\r\n")) || bytes.Contains(l, []byte("\r\neval\r\n"))
 }
 
 // PostgreSQL: a push is one statement in autocommit; its Bind message carries
 // the namespace as a parameter. ReadyForQuery ('Z', length 5) follows the
 // commit, so waiting for it proves the write happened.
 func postgresLoser(px *faultproxy.Proxy, namespace string) replyLoser {
-	rfq := []byte{'Z', 0, 0, 0, 5}
-	return proxyLoser(px, func(b []byte) bool {
-		return bytes.Contains(b, []byte(namespace))
-	}, func(reply []byte) bool { return bytes.Contains(reply, rfq) })
+	return proxyLoser(px, containsFunc(namespace), readyForQuery)
 }
+
+func containsFunc(s string) func([]byte) bool {
+	return func(b []byte) bool { return bytes.Contains(b, []byte(s)) }
+}
+
+// readyForQuery reports whether a PostgreSQL reply holds ReadyForQuery.
+func readyForQuery(reply []byte) bool { return bytes.Contains(reply, []byte{'Z', 0, 0, 0, 5}) }
 
 func memoryLoser(g *memGate) *replyLoser {
 	var lost atomic.Int64
