@@ -86,7 +86,7 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 	for i := 0; i < len(cfg.WindowSizes); i += 2 {
 		sizes := cfg.WindowSizes[i:min(i+2, len(cfg.WindowSizes))]
 		t, err := shm.New(shm.Options{Sizes: sizes, MaxKeys: perTable, Track: ns.mode != modeLocal,
-			WriteThrough: ns.mode == modeSync, Settle: 3 * cfg.SyncRate})
+			WriteThrough: ns.mode == modeSync, Settle: 3 * cfg.SyncRate, ReadNext: ns.mode == modeAsync})
 		if err != nil {
 			return nil, fmt.Errorf("%w: WindowSizes: %w", ErrInvalidConfig, err)
 		}

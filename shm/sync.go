@@ -177,6 +177,11 @@ func (t *Table) collectEntry(e *Entry, now int64, reads bool, b *Batch) {
 		} else if reads && t.worthReading(x, now, w, s) {
 			t.addRead(b, ref, e.key)
 		}
+		if reads && t.readNext && x == e.w[w].latest.Load() && x >= windowStart(now, t.sizeMS[w]) {
+			// The window after the newest held: hits there mean other
+			// nodes' clocks are ahead of this one's.
+			t.addRead(b, Ref{e: e, w: uint8(w), start: x + t.sizeMS[w]}, e.key)
+		}
 	})
 }
 
@@ -218,12 +223,21 @@ func (t *Table) ack(ref Ref, d, total int64) {
 func (t *Table) setSynced(ref Ref, total int64) {
 	e := ref.e
 	e.mu.Lock()
-	if e.flags.Load()&flagDead == 0 {
-		if s, ok := e.w[ref.w].held(ref.start, t.sizeMS[ref.w]); ok {
-			s.synced.Store(total)
-		}
+	defer e.mu.Unlock()
+	if e.flags.Load()&flagDead != 0 {
+		return
 	}
-	e.mu.Unlock()
+	p := &e.w[ref.w]
+	if total != 0 && ref.start > p.latest.Load() {
+		// The store has hits in a window newer than this node's newest:
+		// nodes whose clocks are ahead are in it. Follow them, so this
+		// node's hits count there too and the window before it weighs in
+		// fully until this node's clock catches up.
+		e.rotate(t, int(ref.w), ref.start)
+	}
+	if s, ok := p.held(ref.start, t.sizeMS[ref.w]); ok {
+		s.synced.Store(total)
+	}
 }
 
 // Release settles a push of b that surely was not applied: its diffs are no

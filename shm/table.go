@@ -45,6 +45,11 @@ type Options struct {
 	// previous window) for keys whose total this node already learned: by
 	// then every node has pushed its last hits of it. 0 means always.
 	Settle time.Duration
+	// ReadNext makes Collect also read, for every key it reads, the window
+	// after the current one: when the store already has hits there, nodes
+	// whose clocks are ahead are in it, and Ack moves the entry forward to
+	// follow them (see Ack).
+	ReadNext bool
 }
 
 // Table is a sharded counter table. Its methods are safe for concurrent use.
@@ -55,6 +60,7 @@ type Table struct {
 	track    bool
 	wt       bool
 	settle   int64 // ms
+	readNext bool
 	seed     maphash.Seed
 	shards   []shard
 	shardCap int
@@ -96,7 +102,7 @@ func New(opts Options) (*Table, error) {
 		return nil, errors.Join(ErrConfig, errors.New("shm: a table holds one or two window sizes"))
 	}
 	t := &Table{n: len(opts.Sizes), track: opts.Track || opts.WriteThrough, wt: opts.WriteThrough,
-		settle: opts.Settle.Milliseconds(), seed: maphash.MakeSeed(),
+		settle: opts.Settle.Milliseconds(), readNext: opts.ReadNext, seed: maphash.MakeSeed(),
 		retired: make(map[Ref]*retired), pending: make(map[Ref]int64)}
 	for i, s := range opts.Sizes {
 		if s <= 0 || s%time.Millisecond != 0 {

@@ -432,3 +432,23 @@ func TestHotKeysSurviveAFloodOfOneHitKeys(t *testing.T) {
 	}
 	require.Positive(t, tb.Evictions())
 }
+
+func TestANodeBehindFollowsTheNextWindow(t *testing.T) {
+	tb := newTable(t, Options{Sizes: []time.Duration{10 * time.Second}, Track: true, ReadNext: true})
+	now := int64(1_000_009_000) // 1 s before its window ends
+	tb.Add("k", 0, now, 3)
+	var b Batch
+	tb.Collect(now, true, &b)
+	require.Contains(t, b.Reads, strategy.CounterID{Key: "k", Size: 10 * time.Second, Start: 1_000_010_000}, "the next window is read")
+	res := strategy.Result{Totals: []int64{3}, Reads: make([]int64, len(b.Reads))}
+	for i, id := range b.Reads {
+		if id.Start == 1_000_010_000 {
+			res.Reads[i] = 50 // nodes whose clocks are ahead already counted there
+		}
+	}
+	tb.Ack(&b, res)
+	// This node's clock is still in the old window, but it now counts in the
+	// next one, with the old window as its previous.
+	v := tb.Add("k", 0, now, 1)
+	require.Equal(t, View{Start: 1_000_010_000, Cur: 51, Prev: 3}, v)
+}
