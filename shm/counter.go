@@ -92,9 +92,27 @@ func (t *Table) touch(s *shard, e *Entry) {
 	}
 	if old := e.flags.Or(flagDirty); old&flagDirty == 0 {
 		s.dirtyMu.Lock()
+		if len(s.dirty) >= 2*s.cap+8 {
+			s.dropDeadDirty()
+		}
 		s.dirty = append(s.dirty, e)
 		s.dirtyMu.Unlock()
 	}
+}
+
+// dropDeadDirty removes evicted entries from the dirty list, so that a flood of
+// keys between two syncs does not keep them alive: their hits are in retired
+// records, which Collect reads anyway. The caller holds s.dirtyMu; the list
+// grows past twice the shard's cap between two calls, so the cost is amortised.
+func (s *shard) dropDeadDirty() {
+	live := s.dirty[:0]
+	for _, e := range s.dirty {
+		if e.flags.Load()&flagDead == 0 {
+			live = append(live, e)
+		}
+	}
+	clear(s.dirty[len(live):])
+	s.dirty = live
 }
 
 // View is the node's view of one key and window size at an instant.

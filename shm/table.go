@@ -29,8 +29,8 @@ type Options struct {
 	// whole number of milliseconds.
 	Sizes []time.Duration
 	// MaxKeys caps the number of entries; 0 means 1<<20. The cap is split
-	// evenly over the shards, so a table may evict slightly before it holds
-	// MaxKeys entries when keys hash unevenly.
+	// over the shards (the shares add up to MaxKeys), so a table may evict
+	// slightly before it holds MaxKeys entries when keys hash unevenly.
 	MaxKeys int
 	// Track keeps the bookkeeping a sync needs: dirty lists, and retired
 	// records for unconfirmed hits of rotated or evicted windows. Without it
@@ -63,7 +63,6 @@ type Table struct {
 	readNext bool
 	seed     maphash.Seed
 	shards   []shard
-	shardCap int
 	mask     uint64
 
 	evictions atomic.Int64
@@ -80,6 +79,7 @@ type shard struct {
 	slots []*Entry // len is a power of two, or 0
 	tags  []uint32 // tags[i] is slots[i].hash (never 0), or 0 for an empty slot
 	count int
+	cap   int // the shard's share of MaxKeys
 	hand  int
 
 	dirtyMu sync.Mutex
@@ -125,7 +125,13 @@ func New(opts Options) (*Table, error) {
 	}
 	t.shards = make([]shard, nShards)
 	t.mask = uint64(nShards - 1)
-	t.shardCap = (maxKeys + nShards - 1) / nShards
+	// The shares add up to MaxKeys exactly: the table never holds more.
+	for i := range t.shards {
+		t.shards[i].cap = maxKeys / nShards
+		if i < maxKeys%nShards {
+			t.shards[i].cap++
+		}
+	}
 	return t, nil
 }
 
@@ -211,7 +217,7 @@ func (t *Table) visit(key string, now int64, fn func(e *Entry)) {
 
 // insert adds a new entry. The caller holds s.mu for writing.
 func (t *Table) insert(s *shard, key string, h uint64, now int64) *Entry {
-	if s.count >= t.shardCap {
+	if s.count >= s.cap {
 		t.makeRoom(s, now)
 	}
 	if (s.count+1)*4 > len(s.slots)*3 {
