@@ -63,6 +63,7 @@ type Namespace struct {
 	ctx       context.Context // cancelled when Close gives up waiting
 	cancel    context.CancelFunc
 	done      chan struct{} // closed by Close to stop the loop
+	trigger   chan struct{} // asks the loop for a cycle now (capacity 1, sends never block)
 	loopDone  chan struct{}
 }
 
@@ -70,7 +71,8 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
-	ns := &Namespace{name: cfg.Namespace, cfg: cfg, store: cfg.Strategy, reg: reg, log: cfg.Logger}
+	ns := &Namespace{name: cfg.Namespace, cfg: cfg, store: cfg.Strategy, reg: reg, log: cfg.Logger,
+		trigger: make(chan struct{}, 1)}
 	switch {
 	case cfg.SyncRate < 0:
 		ns.mode, ns.store = modeLocal, nil
@@ -86,7 +88,8 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 	for i := 0; i < len(cfg.WindowSizes); i += 2 {
 		sizes := cfg.WindowSizes[i:min(i+2, len(cfg.WindowSizes))]
 		t, err := shm.New(shm.Options{Sizes: sizes, MaxKeys: perTable, Track: ns.mode != modeLocal,
-			WriteThrough: ns.mode == modeSync, Settle: 3 * cfg.SyncRate, ReadNext: ns.mode == modeAsync})
+			WriteThrough: ns.mode == modeSync, Settle: 3 * cfg.SyncRate, ReadNext: ns.mode == modeAsync,
+			Pressure: ns.poke})
 		if err != nil {
 			return nil, fmt.Errorf("%w: WindowSizes: %w", ErrInvalidConfig, err)
 		}
@@ -106,6 +109,14 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 		go ns.loop()
 	}
 	return ns, nil
+}
+
+// poke asks the loop for a cycle now; it never blocks.
+func (ns *Namespace) poke() {
+	select {
+	case ns.trigger <- struct{}{}:
+	default:
+	}
 }
 
 // Name returns the namespace's name.

@@ -564,3 +564,23 @@ func mustRate(t *testing.T, ns *ratelimit.Namespace, key string) float64 {
 	require.NoError(t, err)
 	return r
 }
+
+func TestEvictionPressureTriggersASync(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.New()
+		ns := newNS(t, ratelimit.Config{WindowSizes: []time.Duration{time.Minute}, SyncRate: time.Hour, Strategy: store, MaxKeys: 1024})
+		for i := range 5000 {
+			_, err := ns.Increment(ctx, fmt.Sprintf("flood-%d", i), time.Minute, 1)
+			require.NoError(t, err)
+			if i%500 == 0 {
+				synctest.Wait() // let a triggered cycle run
+			}
+		}
+		synctest.Wait()
+		st := ns.Stats()
+		require.Positive(t, st.Syncs, "evictions outran the hour-long SyncRate: the loop synced early")
+		require.Less(t, st.RetiredWindows, 1024, "the early syncs pushed the evicted keys' hits")
+		require.NoError(t, ns.Close(ctx))
+		require.Equal(t, 5000, store.Len(), "every evicted key's hit reached the store")
+	})
+}

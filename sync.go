@@ -280,11 +280,17 @@ func (ns *Namespace) loop() {
 	failures := 0
 	for {
 		timer := time.NewTimer(ns.delay(interval, failures))
+		trigger := ns.trigger
+		if failures > 0 {
+			trigger = nil // while the store fails, the backoff decides
+		}
 		select {
 		case <-ns.done:
 			timer.Stop()
 			return
 		case <-timer.C:
+		case <-trigger: // evictions outrun the syncs: push their hits now
+			timer.Stop()
 		}
 		start := time.Now()
 		err := ns.lockSync(ns.ctx)

@@ -313,5 +313,9 @@ func (t *Table) retire(ref Ref, local, acked int64) {
 	}
 	t.retMu.Lock()
 	t.retired[ref] = &retired{key: ref.e.key, local: local, acked: acked}
+	n := len(t.retired)
 	t.retMu.Unlock()
+	if n > t.maxRet && t.pressure != nil {
+		t.pressure()
+	}
 }

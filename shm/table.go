@@ -50,6 +50,11 @@ type Options struct {
 	// whose clocks are ahead are in it, and Ack moves the entry forward to
 	// follow them (see Ack).
 	ReadNext bool
+	// Pressure, when not nil, is called whenever retired records exceed
+	// MaxKeys/16 (at least 64): evictions are outrunning the syncs, and a
+	// sync now would free them. It is called with table locks held, so it
+	// must return at once (a non-blocking channel send).
+	Pressure func()
 }
 
 // Table is a sharded counter table. Its methods are safe for concurrent use.
@@ -61,6 +66,8 @@ type Table struct {
 	wt       bool
 	settle   int64 // ms
 	readNext bool
+	pressure func()
+	maxRet   int // retired records beyond which pressure is called
 	seed     maphash.Seed
 	shards   []shard
 	mask     uint64
@@ -102,7 +109,7 @@ func New(opts Options) (*Table, error) {
 		return nil, errors.Join(ErrConfig, errors.New("shm: a table holds one or two window sizes"))
 	}
 	t := &Table{n: len(opts.Sizes), track: opts.Track || opts.WriteThrough, wt: opts.WriteThrough,
-		settle: opts.Settle.Milliseconds(), readNext: opts.ReadNext, seed: maphash.MakeSeed(),
+		settle: opts.Settle.Milliseconds(), readNext: opts.ReadNext, pressure: opts.Pressure, seed: maphash.MakeSeed(),
 		retired: make(map[Ref]*retired), pending: make(map[Ref]int64)}
 	for i, s := range opts.Sizes {
 		if s <= 0 || s%time.Millisecond != 0 {
@@ -125,6 +132,7 @@ func New(opts Options) (*Table, error) {
 	}
 	t.shards = make([]shard, nShards)
 	t.mask = uint64(nShards - 1)
+	t.maxRet = max(maxKeys/16, 64)
 	// The shares add up to MaxKeys exactly: the table never holds more.
 	for i := range t.shards {
 		t.shards[i].cap = maxKeys / nShards
