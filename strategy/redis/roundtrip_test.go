@@ -54,7 +54,7 @@ func TestOneRoundTrip(t *testing.T) {
 	reg := ratelimit.NewRegistry()
 	defer func() { require.NoError(t, reg.Close(ctx)) }()
 	sync0, err := reg.New(ratelimit.Config{Namespace: "sync", WindowSizes: []time.Duration{time.Minute},
-		SyncRate: 0, Strategy: s, Clock: clock})
+		SyncRate: 0, Strategy: s, Clock: clock, SyncTimeout: 30 * time.Second}) // a loaded CI machine must not time out
 	require.NoError(t, err)
 	// The first push meets NOSCRIPT (a fresh server) and re-sends with EVAL.
 	_, err = sync0.Increment(ctx, "warm-up", time.Minute, 1)
@@ -69,7 +69,7 @@ func TestOneRoundTrip(t *testing.T) {
 
 	// SyncRate far beyond the test: only the explicit Sync below runs.
 	async, err := reg.New(ratelimit.Config{Namespace: "async", WindowSizes: []time.Duration{time.Minute, time.Hour},
-		SyncRate: time.Hour, Strategy: s, Clock: clock})
+		SyncRate: time.Hour, Strategy: s, Clock: clock, SyncTimeout: 30 * time.Second})
 	require.NoError(t, err)
 	hits := func(round int) {
 		for i := range 500 {
