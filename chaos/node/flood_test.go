@@ -214,8 +214,7 @@ func TestKeyFlood(t *testing.T) {
 	t.Logf("victims: admitted %d, over their limit by %d hits (%.2f%%; worst window +%d)", victimAdmitted, over, overPct, overMax)
 
 	assert.LessOrEqual(t, peak, budget, "heap within MaxKeys × %d B + 20%%", floodKeyBudget)
-	// The cap is split over up to 256 shards, rounded up (TestMaxKeysIsACap).
-	assert.LessOrEqual(t, st.TrackedKeys, p.maxKeys+256)
+	assert.LessOrEqual(t, st.TrackedKeys, p.maxKeys)
 	assert.GreaterOrEqual(t, st.Evictions, int64(keys-p.maxKeys)/2, "evictions are counted")
 	assert.LessOrEqual(t, overPct, 1.0, "victims over-admitted by at most 1%")
 	assert.GreaterOrEqual(t, victimAdmitted, victimMax*floodVictims*(windows-1), "the victims were held at their limit")
@@ -227,8 +226,8 @@ func TestKeyFlood(t *testing.T) {
 }
 
 // TestMaxKeysIsACap checks that a namespace never tracks more than MaxKeys
-// keys. It fails: the table splits the cap over its shards rounding up, so it
-// holds up to MaxKeys + shards - 1 keys (5,120 for a cap of 5,000).
+// keys. (It once held up to MaxKeys + shards - 1: the table split the cap over
+// its shards rounding up, 5,120 keys for a cap of 5,000.)
 func TestMaxKeysIsACap(t *testing.T) {
 	noLeaks(t)
 	for _, maxKeys := range []int{1, 100, 5_000, 10_000} {
@@ -248,10 +247,10 @@ func TestMaxKeysIsACap(t *testing.T) {
 
 // TestFloodKeepsHotKeys isolates the victims' part of the flood: 100 hot
 // keys, each used every 200 flood keys (about 1.6 inserts into its shard),
-// must never be evicted by one-hit keys. It fails: when every entry of a full
-// shard has its reference bit set, which a flood of fresh keys (inserted
-// referenced) brings about, one makeRoom call clears every bit in a first
-// revolution and evicts in the second the first entry it meets, hot or not.
+// must never be evicted by one-hit keys. (Before 6d76381 they were: a fresh
+// key was inserted referenced, so a flood left every entry of a shard
+// referenced, and one makeRoom call cleared every bit in a first revolution
+// and evicted, in the second, the first entry it met, hot or not.)
 func TestFloodKeepsHotKeys(t *testing.T) {
 	noLeaks(t)
 	const hot = floodVictims

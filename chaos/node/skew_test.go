@@ -105,11 +105,9 @@ func TestClockSkewSimulated(t *testing.T) {
 }
 
 // TestClockSkewOnset is TestClockSkewSimulated's first window: a client that
-// starts sending to an idle key. It fails with skewed clocks (see RESULTS.md):
-// a node whose clock is behind counts in a window that the other nodes have
-// already left, so it alone spends a whole limit there, while the others
-// spend one in the next window; with ±5 s about 2.5 L are admitted in the
-// first 10 s of true time.
+// starts sending to an idle key. A node whose clock is behind must not spend a
+// whole limit on its own in the window the other nodes have already left
+// (before 76321bf it did: 2,503 admitted in the first 10 s with ±5 s).
 func TestClockSkewOnset(t *testing.T) {
 	b := refSlack(refNodes, refRate, refSyncRate)
 	for _, c := range skewCases() {
