@@ -35,10 +35,6 @@ const (
 	crashKey       = "crash"
 	crashSyncRate  = refSyncRate
 	crashRate      = refRate
-	// crashGrace is how long after a SyncRate boundary a cycle may take to
-	// collect its hits and put them on the wire, on a loaded machine with the
-	// race detector: hits that old may still die with the child.
-	crashGrace = 50 * time.Millisecond
 )
 
 func TestMain(m *testing.M) {
@@ -49,9 +45,10 @@ func TestMain(m *testing.M) {
 }
 
 // crashNode is the child: it counts crashRate hits per second, printing
-// "hit <unix ns>" after each admitted one, until it is killed or reads
-// "close" on stdin, when it stops, closes the namespace and prints
-// "closed <error or ok>".
+// "hit <unix ns>" after each admitted one and "sync <n>" when it sees that
+// the loop has completed n sync cycles, until it is killed or reads "close"
+// on stdin, when it stops, closes the namespace and prints "closed <error or
+// ok>".
 func crashNode(namespace string) int {
 	client := goredisClient(os.Getenv(envRedis))
 	defer func() { _ = client.Close() }()
@@ -82,6 +79,7 @@ func crashNode(namespace string) int {
 	tick := time.NewTicker(time.Second / crashRate)
 	defer tick.Stop()
 	limit := ratelimit.Limit{Window: crashWindow, Max: ratelimit.MaxValue}
+	var syncs int64
 	for {
 		select {
 		case <-stop:
@@ -105,6 +103,10 @@ func crashNode(namespace string) int {
 		}
 		// One write per hit: a line printed is a hit the node admitted.
 		fmt.Fprintln(out, "hit", time.Now().UnixNano())
+		if n := ns.Stats().Syncs; n != syncs {
+			syncs = n
+			fmt.Fprintln(out, "sync", n)
+		}
 		_ = out.Flush()
 	}
 }
@@ -115,6 +117,9 @@ type child struct {
 	stdin io.WriteCloser
 	lines *bufio.Scanner
 	hits  []time.Time // admitted hits, as reported
+	// syncs[i] is how many hits had been reported when the child saw its
+	// loop's (i+1)th completed cycle.
+	syncs []int
 }
 
 func startChild(t *testing.T, addr, prefix, namespace string) *child {
@@ -148,6 +153,8 @@ func (c *child) next(t *testing.T) (string, bool) {
 		ns, err := strconv.ParseInt(ts, 10, 64)
 		require.NoError(t, err)
 		c.hits = append(c.hits, time.Unix(0, ns))
+	} else if strings.HasPrefix(line, "sync ") {
+		c.syncs = append(c.syncs, len(c.hits))
 	} else if strings.HasPrefix(line, "error") {
 		t.Fatalf("child: %s", line)
 	}
@@ -196,18 +203,22 @@ func TestCrashKilledNode(t *testing.T) {
 		admitted := int64(len(c.hits))
 		total := redisTotal(t, addr, prefix, namespace, crashKey, crashWindow)
 		lost := admitted - total
-		// Hits of the last SyncRate (plus the cycle's own time) may die with
-		// the node; nothing older may.
-		var recent int64
+		// Hits the last completed cycle collected reached Redis: only hits
+		// counted after the previous cycle ended may die with the node.
+		// (The child notices a completed cycle at its next hit, so up to
+		// two hits counted before a mark may also be after that cycle.)
+		require.GreaterOrEqual(t, len(c.syncs), 2, "the child completed sync cycles")
+		bound := int64(len(c.hits)-c.syncs[len(c.syncs)-2]) + 2
+		var recent int64 // hits in the last SyncRate
 		for _, h := range c.hits {
-			if h.After(killAt.Add(-crashSyncRate - crashGrace)) {
+			if h.After(killAt.Add(-crashSyncRate)) {
 				recent++
 			}
 		}
-		t.Logf("kill %d: admitted %d, in Redis %d, lost %d (hits in the last SyncRate+%v before the kill: %d; one SyncRate of traffic: %d)",
-			i, admitted, total, lost, crashGrace, recent, int64(crashRate*crashSyncRate.Seconds()))
+		t.Logf("kill %d: admitted %d, in Redis %d, lost %d (counted since the cycle before the last: %d; in the last SyncRate: %d; one SyncRate of traffic: %d)",
+			i, admitted, total, lost, bound, recent, int64(crashRate*crashSyncRate.Seconds()))
 		assert.LessOrEqual(t, total, admitted+1, "counted more than admitted (one hit may be admitted and not yet reported)")
-		assert.LessOrEqual(t, lost, recent, "lost hits older than one SyncRate")
+		assert.LessOrEqual(t, lost, bound, "lost a hit that a completed sync cycle had collected")
 		lostAll = append(lostAll, lost)
 	}
 	logResult(t, "crash/sigkill", fmt.Sprintf("hits lost per kill %v (one SyncRate of traffic = %d)", lostAll, int64(crashRate*crashSyncRate.Seconds())))
