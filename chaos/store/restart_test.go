@@ -6,6 +6,8 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,7 +38,14 @@ func startRedisServer(t *testing.T) *redisServer {
 		t.Skip("redis-server is not installed")
 	}
 	s := &redisServer{t: t}
-	for port := 7301; port < 7400; port++ {
+	for {
+		portMu.Lock()
+		port := nextPort
+		nextPort++
+		portMu.Unlock()
+		if port >= 7400 {
+			break
+		}
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue
@@ -53,6 +62,13 @@ func startRedisServer(t *testing.T) *redisServer {
 	return s
 }
 
+// Ports for test-owned servers: each is tried once per process, so cases
+// running at the same time never pick the same one.
+var (
+	portMu   sync.Mutex
+	nextPort = 7301
+)
+
 func (s *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
 // start runs redis-server on s.port and waits until it answers PING.
@@ -65,10 +81,13 @@ func (s *redisServer) start() bool {
 	}
 	c := goredis.NewClient(&goredis.Options{Addr: s.addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer c.Close()
+	// The server answering must be ours (another process may hold the port).
+	pid := "process_id:" + strconv.Itoa(s.cmd.Process.Pid) + "\r\n"
 	if pollUntil(5*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
-		return c.Ping(ctx).Err() == nil
+		info, err := c.Info(ctx, "server").Result()
+		return err == nil && strings.Contains(info, pid)
 	}) {
 		return true
 	}
