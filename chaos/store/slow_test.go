@@ -35,6 +35,17 @@ func TestSlowStore(t *testing.T) {
 			fast, _ := postgresBackend(t)
 			runSlow(t, slow, fast, phase)
 		}},
+		namedCase{"memory/beyond-timeout", func(t *testing.T) {
+			b, _ := memoryBackend(t)
+			runBeyondTimeout(t, b, phase)
+		}},
+		namedCase{"redis/beyond-timeout", func(t *testing.T) {
+			runBeyondTimeout(t, redisBackend(t, redisAddr(t)), phase)
+		}},
+		namedCase{"postgres/beyond-timeout", func(t *testing.T) {
+			b, _ := postgresBackend(t)
+			runBeyondTimeout(t, b, phase)
+		}},
 	)
 }
 
@@ -98,4 +109,37 @@ func runSlow(t *testing.T, slowB, fastB *backend, phase time.Duration) {
 	assert.Equal(t, int64(1), fast.maxInflight())
 	assert.Zero(t, slowErrs, "a slow store within SyncTimeout is not a failing one")
 	assert.Empty(t, trSlow.errs)
+}
+
+// runBeyondTimeout makes the store 2 s slow with the default SyncTimeout of
+// 1 s: every push times out with an unknown outcome. Through the proxy a
+// delayed request still reaches the server after the node gave up (as on a
+// congested network), so the server may apply pushes whose answer nobody
+// reads, and the node re-sends them. Such a store counts as down (failed
+// cycles, degraded decisions, backoff); when it is fast again every hit is
+// in the store exactly once.
+func runBeyondTimeout(t *testing.T, b *backend, phase time.Duration) {
+	phase = max(phase, 2500*time.Millisecond) // a few timed-out cycles
+	c := newCluster(t, b, refNodes, ratelimit.Config{SyncRate: refSyncRate}) // SyncTimeout 1 s
+	tr := start(c, keysN("user", 3), ratelimit.Limit{Window: refWindow, Max: refLimit}, refRate)
+	time.Sleep(500 * time.Millisecond)
+	_, errs0, _, _ := c.stats()
+	tr.phase.Store(1)
+	b.latency(2 * time.Second)
+	time.Sleep(phase)
+	tr.halt()
+	_, errs1, _, unresolved := c.stats()
+	b.latency(0)
+	up := time.Now()
+	checkExact(t, b, c, tr, 30*time.Second)
+	recovery := time.Since(up)
+	require.NoError(t, c.close(10*time.Second))
+	lat := tr.latencies(1)
+	require.NotEmpty(t, lat)
+	result(t, "+2s per round trip with SyncTimeout 1s for %v: %d failed cycles, %d of %d checks degraded (p99 %v), %d pushes of unknown outcome at the end; once fast, the store held exactly the %d admitted hits after %v",
+		phase, errs1-errs0, tr.degraded, len(lat), quantile(lat, .99), unresolved, tr.total(), recovery.Round(time.Millisecond))
+	assert.Positive(t, errs1-errs0, "a store slower than SyncTimeout fails cycles")
+	assert.Positive(t, tr.degraded)
+	assert.Equal(t, int64(1), c.maxInflight(), "at most one sync in flight per node")
+	assert.Less(t, lat[len(lat)-1], time.Second, "no check waited for the store")
 }
