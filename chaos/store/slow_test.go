@@ -119,7 +119,7 @@ func runSlow(t *testing.T, slowB, fastB *backend, phase time.Duration) {
 // cycles, degraded decisions, backoff); when it is fast again every hit is
 // in the store exactly once.
 func runBeyondTimeout(t *testing.T, b *backend, phase time.Duration) {
-	phase = max(phase, 2500*time.Millisecond) // a few timed-out cycles
+	phase = max(phase, 2500*time.Millisecond)                                // a few timed-out cycles
 	c := newCluster(t, b, refNodes, ratelimit.Config{SyncRate: refSyncRate}) // SyncTimeout 1 s
 	tr := start(c, keysN("user", 3), ratelimit.Limit{Window: refWindow, Max: refLimit}, refRate)
 	time.Sleep(500 * time.Millisecond)
