@@ -119,8 +119,9 @@ func runSlow(t *testing.T, slowB, fastB *backend, phase time.Duration) {
 // cycles, degraded decisions, backoff); when it is fast again every hit is
 // in the store exactly once.
 func runBeyondTimeout(t *testing.T, b *backend, phase time.Duration) {
-	phase = max(phase, 2500*time.Millisecond)                                // a few timed-out cycles
-	c := newCluster(t, b, refNodes, ratelimit.Config{SyncRate: refSyncRate}) // SyncTimeout 1 s
+	// Long enough for a few timed-out cycles; SyncTimeout is the default 1 s.
+	phase = max(phase, 2500*time.Millisecond)
+	c := newCluster(t, b, refNodes, ratelimit.Config{SyncRate: refSyncRate})
 	tr := start(c, keysN("user", 3), ratelimit.Limit{Window: refWindow, Max: refLimit}, refRate)
 	time.Sleep(500 * time.Millisecond)
 	_, errs0, _, _ := c.stats()
