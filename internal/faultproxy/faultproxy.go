@@ -24,6 +24,7 @@
 package faultproxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -328,8 +329,8 @@ func (p *Proxy) run(c *conn) {
 	p.wg.Go(func() { // client -> queue
 		defer live.Done()
 		defer close(queue)
+		buf := make([]byte, 32<<10)
 		for {
-			buf := make([]byte, 32<<10)
 			n, err := c.client.Read(buf)
 			if n > 0 {
 				var due time.Time
@@ -337,7 +338,7 @@ func (p *Proxy) run(c *conn) {
 					due = time.Now().Add(d)
 				}
 				select {
-				case queue <- chunk{buf[:n], due}:
+				case queue <- chunk{bytes.Clone(buf[:n]), due}:
 				case <-c.done:
 					return
 				}
