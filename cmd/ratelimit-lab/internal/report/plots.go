@@ -82,7 +82,7 @@ func PlotLatency(rs []*lab.Result, labels []string, file string) error {
 	p.X.Tick.Marker = percentileTicks{}
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	var vs []any
-	xmax := 10.0
+	xmax, ymax := 10.0, 1.0
 	for i, r := range rs {
 		n := float64(r.Hist.Count())
 		if n == 0 {
@@ -96,12 +96,14 @@ func PlotLatency(rs []*lab.Result, labels []string, file string) error {
 			xy = append(xy, plotter.XY{X: 1 / (1 - q), Y: math.Max(float64(b.High), 1) / 1e3})
 		}
 		xmax = math.Max(xmax, n)
+		ymax = math.Max(ymax, float64(r.Hist.Max())/1e3)
 		vs = append(vs, labels[i], xy)
 	}
 	if err := plotutil.AddLines(p, vs...); err != nil {
 		return err
 	}
 	p.X.Min, p.X.Max = 1, xmax
+	p.Y.Max = ymax * math.Pow(10, 0.15*float64(len(rs))+0.1) // room for the legend above the lines
 	p.Legend.Top = true
 	p.Legend.Left = true
 	p.Legend.TextStyle.Font.Size = vg.Points(8)
