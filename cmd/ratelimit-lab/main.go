@@ -75,6 +75,7 @@ func run(args []string) error {
 	fs.DurationVar(&cfg.SyncTimeout, "sync-timeout", 0, "the nodes' SyncTimeout, the bound on each store call (0: the core's default, 1s)")
 	fs.Var(&limits, "limit", "limit MAX/WINDOW, e.g. 100/1s; repeat (or comma-separate) for several (default 100/1s)")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "traffic duration (simulated time with -clock sim)")
+	fs.DurationVar(&cfg.Warmup, "warmup", 0, "leave the first part of the run out of the accuracy figures (its hits still fill the reference windows)")
 	fs.IntVar(&cfg.Keys, "keys", 100, "distinct keys")
 	fs.StringVar(&cfg.Dist, "dist", "uniform", "key distribution: uniform or zipf")
 	fs.Float64Var(&cfg.ZipfS, "zipf-s", 1.1, "Zipf exponent (> 1)")

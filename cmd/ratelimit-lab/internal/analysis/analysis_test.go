@@ -162,3 +162,18 @@ func TestHistogramBuckets(t *testing.T) {
 	h.Record(1000)
 	assert.Equal(t, []Bucket{{High: 5, Count: 2}, {High: 1003, Count: 1}}, h.Buckets())
 }
+
+// TestAnalyzeFrom leaves the first window of the trace out of the counts but
+// not out of the reference's state: at t=10 the load is still 3 (1, 2, 5).
+func TestAnalyzeFrom(t *testing.T) {
+	r := Analyze(traceHits(t), Options{Limits: []Limit{{Window: 10, Max: 3}}, SeriesKey: 7, From: 10})
+	assert.Equal(t, int64(4), r.Hits) // 10, 11, 12, 25
+	assert.Zero(t, r.Failed)
+	assert.Equal(t, int64(2), r.Admitted)
+	assert.Equal(t, int64(1), r.FalseRejections) // 12
+	assert.Zero(t, r.ExcessAdmissions)
+	assert.Equal(t, int64(4), r.RefAdmitted)
+	assert.Equal(t, int64(2), r.Windows)
+	assert.Zero(t, r.MaxOver)
+	assert.Len(t, r.Series, 3) // the series keep the warm-up window
+}

@@ -40,6 +40,11 @@ type Options struct {
 	Fixed bool
 	// SeriesKey is the key whose per-window series Analyze returns.
 	SeriesKey uint32
+	// From, in Unix ns, leaves the earlier hits out of every count (they
+	// still fill the reference windows) and the aligned windows that start
+	// earlier out of the over-admission figures: a warm-up. The series keep
+	// every window.
+	From int64
 }
 
 // Result is what Analyze finds. Over-admission figures are about Limits[0]'s
@@ -206,7 +211,8 @@ func Analyze(hits []Hit, opt Options) Result {
 	states := map[uint32]*keyState{}
 	var sumOver float64
 	closeWindow := func(st *keyState) {
-		if !st.hasWindow {
+		if !st.hasWindow || st.curWin*w0 < opt.From {
+			st.hasWindow = false
 			return
 		}
 		res.Windows++
@@ -219,8 +225,11 @@ func Analyze(hits []Hit, opt Options) Result {
 		st.hasWindow = false
 	}
 	for _, h := range sorted {
+		counted := h.T >= opt.From
 		if h.Flags&Failed != 0 {
-			res.Failed++
+			if counted {
+				res.Failed++
+			}
 			continue
 		}
 		st := states[h.Key]
@@ -231,7 +240,6 @@ func Analyze(hits []Hit, opt Options) Result {
 			}
 			states[h.Key] = st
 		}
-		res.Hits++
 		admitted := h.Flags&Allowed != 0
 		fits, refFits := true, true
 		for i, l := range opt.Limits {
@@ -243,7 +251,9 @@ func Analyze(hits []Hit, opt Options) Result {
 			}
 		}
 		if refFits {
-			res.RefAdmitted++
+			if counted {
+				res.RefAdmitted++
+			}
 			for i := range opt.Limits {
 				st.ref[i].admit(h.T, cost, opt.Fixed)
 			}
@@ -258,15 +268,20 @@ func Analyze(hits []Hit, opt Options) Result {
 		if h.Key == opt.SeriesKey {
 			res.Series[wi].Offered++
 		}
-		if !admitted {
-			if fits {
+		if counted {
+			res.Hits++
+			switch {
+			case !admitted && fits:
 				res.FalseRejections++
+			case admitted && !fits:
+				res.ExcessAdmissions++
 			}
-			continue
+			if admitted {
+				res.Admitted++
+			}
 		}
-		res.Admitted++
-		if !fits {
-			res.ExcessAdmissions++
+		if !admitted {
+			continue
 		}
 		for i := range opt.Limits {
 			st.lab[i].admit(h.T, cost, opt.Fixed)

@@ -227,6 +227,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 
 	var workers []*worker
 	start := time.Now()
+	from := start.Add(cfg.Warmup).UnixNano()
+	if cfg.Simulated {
+		from = simStart + int64(cfg.Warmup)
+	}
 	if cfg.Simulated {
 		workers = []*worker{runSimulated(ctx, &cfg, cl, keys, rates, limits, &sim.now)}
 		res.RunTime = cfg.Duration
@@ -244,7 +248,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.Store.TrackedKeys += st.TrackedKeys
 		res.Store.SyncErrors += st.SyncErrors
 	}
-	summarise(res, &cfg, workers, rates, cl)
+	summarise(res, &cfg, workers, rates, cl, from)
 	return res, nil
 }
 
@@ -410,7 +414,7 @@ func progress(cfg *Config, line func() string) (stop func()) {
 }
 
 // summarise merges the workers' measurements into res.
-func summarise(res *Result, cfg *Config, ws []*worker, rates []float64, cl *cluster) {
+func summarise(res *Result, cfg *Config, ws []*worker, rates []float64, cl *cluster, from int64) {
 	res.Hist = &analysis.Histogram{}
 	res.NodeChecks = make([]int64, cfg.Nodes)
 	var hits []analysis.Hit
@@ -463,8 +467,8 @@ func summarise(res *Result, cfg *Config, ws []*worker, rates []float64, cl *clus
 	for i, l := range cfg.Limits {
 		limits[i] = analysis.Limit{Window: int64(l.Window), Max: l.Max}
 	}
-	acc.Sliding = analysis.Analyze(hits, analysis.Options{Limits: limits, SeriesKey: 0})
-	acc.Fixed = analysis.Analyze(hits, analysis.Options{Limits: limits, Fixed: true, SeriesKey: 0})
+	acc.Sliding = analysis.Analyze(hits, analysis.Options{Limits: limits, SeriesKey: 0, From: from})
+	acc.Fixed = analysis.Analyze(hits, analysis.Options{Limits: limits, Fixed: true, SeriesKey: 0, From: from})
 	acc.Primary = "sliding"
 	if cfg.Fixed {
 		acc.Primary = "fixed"

@@ -68,6 +68,9 @@ func Table(w io.Writer, r *lab.Result) {
 		s.Pushes, s.PushErrors, s.Diffs, s.Reads, s.Fetches, s.Fetched, s.OpsPerSec, s.CountersPerSec, s.BytesPerSec)
 	p("tracked keys", "%d over all nodes (%s per node); %d sync errors", s.TrackedKeys, perNodeInt(s.TrackedKeysNodes), s.SyncErrors)
 	a := r.Accuracy
+	if r.Config.Warmup > 0 {
+		p("accuracy", "after a warm-up of %v", r.Config.Warmup)
+	}
 	if a.Partial {
 		p("accuracy", "on the first %d recorded hits only (MaxRecords)", a.Recorded)
 	}
