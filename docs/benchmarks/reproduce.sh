@@ -24,7 +24,7 @@ $LAB -clock sim -nodes 1 -sync-rate 100ms -limit 100/1s -load 0.9 -keys 200 -dur
 $LAB -strategy redis -clock sim -nodes 4 -sync-rate 1s -limit 100/1s -load 2 -keys 10 -duration 60s -out $D/overload-redis
 
 # The same on the wall clock (real sync loops, real Redis timing).
-$LAB -strategy redis -nodes 4 -sync-rate 100ms -limit 100/1s -load 2 -keys 100 -duration 20s -out $D/wall-redis
+$LAB -strategy redis -nodes 4 -sync-rate 100ms -limit 100/1s -load 2 -keys 100 -duration 20s -warmup 2s -out $D/wall-redis
 
 # Throughput and latency, unpaced, one node, 100,000 keys.
 $LAB -throughput-suite -nodes 1 -keys 100000 -duration 10s -sync-timeout 5s -max-records 2000000 -out $D/throughput
