@@ -12,6 +12,10 @@ import (
 	"github.com/ratesync/ratelimit/strategy"
 )
 
+// pushSize bounds the counters (diffs and reads) of one push: MaxKeys/8,
+// between 1,024 and 16,384. A larger cycle sends several, one after another.
+func (ns *Namespace) pushSize() int { return min(max(ns.cfg.MaxKeys/8, 1024), 16384) }
+
 // push is one batch sent to the store: a part per table, joined into one
 // strategy.Batch so a sync cycle is one round trip.
 type push struct {
@@ -73,6 +77,16 @@ func (ns *Namespace) send(ctx context.Context, p *push) error {
 	return fmt.Errorf("%w: push %s: %w", ErrStoreUnavailable, p.batch.ID, err)
 }
 
+// keepSpare keeps a settled push for its buffers, emptied at once so that it
+// holds no entry or key between cycles.
+func (ns *Namespace) keepSpare(p *push) {
+	for i := range p.parts {
+		p.parts[i].Reset()
+	}
+	p.batch.Diffs, p.batch.Reads = nil, nil
+	ns.spare = p
+}
+
 // keepUnresolved keeps a push whose outcome is unknown, to be re-sent before anything newer.
 func (ns *Namespace) keepUnresolved(p *push) {
 	ns.unresMu.Lock()
@@ -109,31 +123,33 @@ func (ns *Namespace) syncOnce(ctx context.Context, reads bool) error {
 		}
 		ns.dropUnresolved(p)
 	}
-	p := ns.spare
-	ns.spare = nil
-	if p == nil {
-		p = ns.newPush()
-	} else {
-		p.batch.ID, p.unknown = ns.newBatchID(), false
-		for i := range p.parts {
-			p.parts[i].Reset()
-		}
-	}
+	// Hits are pushed in chunks of at most pushSize counters, one after
+	// another, each settled before the next is collected: the memory a
+	// cycle needs is bounded whatever the traffic since the last one.
 	for i, t := range ns.tables {
-		t.Collect(now, reads, &p.parts[i])
-	}
-	p.assemble()
-	if !p.empty() {
-		if err := ns.send(ctx, p); err != nil {
-			if p.unknown {
-				ns.keepUnresolved(p)
+		for done := false; !done; {
+			p := ns.spare
+			ns.spare = nil
+			if p == nil {
+				p = ns.newPush()
 			} else {
-				ns.spare = p
+				p.batch.ID, p.unknown = ns.newBatchID(), false
 			}
-			return err
+			done = t.CollectSome(now, reads, &p.parts[i], ns.pushSize())
+			p.assemble()
+			if !p.empty() {
+				if err := ns.send(ctx, p); err != nil {
+					if p.unknown {
+						ns.keepUnresolved(p)
+					} else {
+						ns.keepSpare(p)
+					}
+					return err
+				}
+			}
+			ns.keepSpare(p)
 		}
 	}
-	ns.spare = p
 	if ns.cfg.FetchScope == FetchAll && reads {
 		if err := ns.fetchLocked(ctx, now); err != nil {
 			return err

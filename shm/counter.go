@@ -84,19 +84,29 @@ func (t *Table) window(e *Entry, w int, now int64) (int64, int) {
 	return x, int(q & 1)
 }
 
-// touch marks e dirty when tracking: it is on its shard's dirty list until
-// the next Collect.
+// touch marks e used since the last Collect when tracking, and puts it on its
+// shard's active list if it is not there yet: the next Collect pushes its hits
+// and reads its windows, and so does the one after (see Collect).
 func (t *Table) touch(s *shard, e *Entry) {
-	if !t.track || e.flags.Load()&flagDirty != 0 {
+	if !t.track {
 		return
 	}
-	if old := e.flags.Or(flagDirty); old&flagDirty == 0 {
-		s.dirtyMu.Lock()
-		if len(s.dirty) >= 2*s.cap+8 {
-			s.dropDeadDirty()
+	for {
+		f := e.flags.Load()
+		if f&(flagUsed|flagListed) == flagUsed|flagListed {
+			return
 		}
-		s.dirty = append(s.dirty, e)
-		s.dirtyMu.Unlock()
+		if e.flags.CompareAndSwap(f, f|flagUsed|flagListed) {
+			if f&flagListed == 0 {
+				s.dirtyMu.Lock()
+				if len(s.dirty) >= 2*s.cap+8 {
+					s.dropDeadDirty()
+				}
+				s.dirty = append(s.dirty, e)
+				s.dirtyMu.Unlock()
+			}
+			return
+		}
 	}
 }
 
@@ -142,6 +152,7 @@ func (t *Table) Add(key string, w int, now, v int64) View {
 func (t *Table) Peek(key string, w int, now int64) View {
 	s, e, excl := t.lock(key, now)
 	x, par := t.window(e, w, now)
+	t.touch(s, e)
 	p := &e.w[w]
 	size := t.sizeMS[w]
 	vw := View{Start: x, Cur: p.viewAt(x, size, par), Prev: p.viewAt(x-size, size, par^1)}
@@ -201,9 +212,7 @@ func (t *Table) AddWindows(key string, now int64, mask uint8, v [2]int64, peek b
 		size := t.sizeMS[w]
 		out[w] = View{Start: x, Cur: p.viewAt(x, size, par), Prev: p.viewAt(x-size, size, par^1)}
 	}
-	if !peek {
-		t.touch(s, e)
-	}
+	t.touch(s, e)
 	s.unlock(excl)
 	return out
 }

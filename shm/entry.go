@@ -15,8 +15,9 @@ const unknown = math.MinInt64
 
 // Entry flag bits.
 const (
-	flagDirty uint32 = 1 << iota // on a shard's dirty list, waiting for a sync
-	flagRef                      // used since the eviction hand last passed
+	flagUsed   uint32 = 1 << iota // used (read or written) since the last Collect
+	flagListed                    // on its shard's active list, for the next Collect
+	flagRef                       // used since the eviction hand last passed
 	flagDead                     // removed from the table; its data was retired
 )
 

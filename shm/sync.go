@@ -22,11 +22,20 @@ type Batch struct {
 	ReadRefs []Ref
 }
 
-// Reset empties b, keeping its capacity.
+// Reset empties b. It drops every entry pointer and key, so evicted entries
+// can be freed, and keeps the buffers for the next batch unless they are much
+// larger than this one needed (after a burst, memory goes back).
 func (b *Batch) Reset() {
-	clear(b.DiffRefs) // drop entry pointers so evicted entries can be freed
-	clear(b.ReadRefs)
-	b.Diffs, b.DiffRefs, b.Reads, b.ReadRefs = b.Diffs[:0], b.DiffRefs[:0], b.Reads[:0], b.ReadRefs[:0]
+	b.Diffs, b.DiffRefs = resetBuf(b.Diffs), resetBuf(b.DiffRefs)
+	b.Reads, b.ReadRefs = resetBuf(b.Reads), resetBuf(b.ReadRefs)
+}
+
+func resetBuf[T any](s []T) []T {
+	if cap(s) > 4096 && cap(s) > 4*len(s) {
+		return nil
+	}
+	clear(s)
+	return s[:0]
 }
 
 // Empty reports whether b has nothing to send.
@@ -106,12 +115,42 @@ func (t *Table) Keys(now int64, dst []string) []string {
 	return dst
 }
 
-// Collect appends to b every hit not yet handed to a push (from dirty entries
-// and retired records) and marks it pending. With reads, it also appends a
-// read of every window, current or previous at now, of every entry it holds
-// that has no diff: the keys this node has seen. Settle b with Ack or Release.
+// Collect appends to b every hit not yet handed to a push (from the entries
+// used since the Collect before the last one, and from retired records) and
+// marks it pending. With reads, it also appends reads of those entries'
+// windows that have no diff. An entry is read by the two Collects after its
+// last use: the second learns the totals that include other nodes' pushes of
+// the same tick. So a cycle costs what the recent traffic did, whatever the
+// table holds; a key used again after a pause is read by the next cycle.
+// Settle b with Ack or Release.
 func (t *Table) Collect(now int64, reads bool, b *Batch) {
+	for !t.CollectSome(now, reads, b, 0) {
+	}
+}
+
+// CollectSome is Collect in chunks: it stops once b holds at least max diffs
+// and reads (0: no limit) and reports whether it went through the whole
+// table. The next call goes on where it stopped; settle b before it. One
+// caller at a time (the sync loop).
+func (t *Table) CollectSome(now int64, reads bool, b *Batch, max int) (done bool) {
+	if t.cursor == 0 {
+		t.collectRetired(b)
+	}
+	for t.cursor < len(t.shards) {
+		t.collectShard(&t.shards[t.cursor], now, reads, b)
+		t.cursor++
+		if max > 0 && len(b.Diffs)+len(b.Reads) >= max && t.cursor < len(t.shards) {
+			return false
+		}
+	}
+	t.cursor = 0
+	return true
+}
+
+// collectRetired adds the retired records' unpushed hits to b.
+func (t *Table) collectRetired(b *Batch) {
 	t.retMu.Lock()
+	defer t.retMu.Unlock()
 	for ref, r := range t.retired {
 		pending := t.pend(ref)
 		if d := r.local - r.acked - pending; d != 0 {
@@ -120,45 +159,47 @@ func (t *Table) Collect(now int64, reads bool, b *Batch) {
 			delete(t.retired, ref) // confirmed in full
 		}
 	}
-	t.retMu.Unlock()
+}
 
-	for i := range t.shards {
-		s := &t.shards[i]
-		s.dirtyMu.Lock()
-		dirty := s.dirty
-		s.dirty = nil
-		s.dirtyMu.Unlock()
-		for j, e := range dirty {
-			e.flags.And(^flagDirty) // before reading, so a racing hit marks it again
-			if !reads {
-				t.collectEntry(e, now, false, b)
+// collectShard adds the entries on s's active list to b.
+func (t *Table) collectShard(s *shard, now int64, reads bool, b *Batch) {
+	s.dirtyMu.Lock()
+	active := s.dirty
+	s.dirty = nil
+	s.dirtyMu.Unlock()
+	carry := active[:0] // entries used since the last Collect stay listed
+	for _, e := range active {
+		if t.unlist(e) {
+			carry = append(carry, e)
+		}
+		t.collectEntry(e, now, reads, b)
+	}
+	clear(active[len(carry):])
+	s.dirtyMu.Lock()
+	if s.dirty != nil { // entries listed while this Collect ran
+		carry = append(carry, s.dirty...)
+	}
+	s.dirty = carry // the backing array is reused: no allocation next cycle
+	s.dirtyMu.Unlock()
+}
+
+// unlist takes e's use since the last Collect: it reports true, and keeps e
+// listed for one more Collect, if e was used; otherwise it takes e off the
+// list (a racing use lists it again).
+func (t *Table) unlist(e *Entry) bool {
+	for {
+		f := e.flags.Load()
+		if f&flagDead != 0 {
+			return false // evicted: its hits are in retired records
+		}
+		if f&flagUsed != 0 {
+			if e.flags.CompareAndSwap(f, f&^flagUsed) {
+				return true
 			}
-			dirty[j] = nil
-		}
-		s.dirtyMu.Lock()
-		if s.dirty == nil {
-			s.dirty = dirty[:0] // keep the backing array: no allocation next cycle
-		}
-		s.dirtyMu.Unlock()
-		if !reads {
 			continue
 		}
-		expired := 0
-		s.mu.RLock()
-		for _, e := range s.slots {
-			if e != nil {
-				t.collectEntry(e, now, true, b)
-				if e.expired(t, now) {
-					expired++
-				}
-			}
-		}
-		drop := expired > 0 && expired*4 >= s.count
-		s.mu.RUnlock()
-		if drop {
-			s.mu.Lock()
-			t.dropExpired(s, now)
-			s.mu.Unlock()
+		if e.flags.CompareAndSwap(f, f&^flagListed) {
+			return false
 		}
 	}
 }
@@ -248,7 +289,7 @@ func (t *Table) Release(b *Batch) {
 		e.mu.Lock()
 		t.unpend(ref, b.Diffs[i].Delta)
 		e.mu.Unlock()
-		if e.flags.Load()&(flagDead|flagDirty) == 0 {
+		if e.flags.Load()&flagDead == 0 {
 			t.remark(e)
 		}
 	}

@@ -71,6 +71,7 @@ type Table struct {
 	seed     maphash.Seed
 	shards   []shard
 	mask     uint64
+	cursor   int // the next shard CollectSome visits
 
 	evictions atomic.Int64
 
