@@ -108,6 +108,7 @@ func runSlow(t *testing.T, slowB, fastB *backend, phase time.Duration) {
 	assert.Equal(t, int64(1), slow.maxInflight(), "at most one sync in flight per node")
 	assert.Equal(t, int64(1), fast.maxInflight())
 	assert.Zero(t, slowErrs, "a slow store within SyncTimeout is not a failing one")
+	assert.Zero(t, trSlow.degraded, "nor are decisions degraded by it")
 	assert.Empty(t, trSlow.errs)
 }
 
