@@ -329,7 +329,7 @@ func redisClient(t *testing.T, addr string) *goredis.Client {
 
 // redisBackend puts a proxy in front of the Redis server at addr; every node
 // has its own client. Keys get a prefix of their own.
-func redisBackend(t *testing.T, addr string) *backend {
+func redisBackend(t *testing.T, addr string, configure ...func(*goredis.Options)) *backend {
 	t.Helper()
 	direct := redisClient(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -343,7 +343,13 @@ func redisBackend(t *testing.T, addr string) *backend {
 		name:  "redis",
 		proxy: px,
 		node: func() strategy.Strategy {
-			s, err := redis.New(redisClient(t, px.Addr()), opts)
+			o := redisOptions(px.Addr())
+			for _, f := range configure {
+				f(o)
+			}
+			c := goredis.NewClient(o)
+			t.Cleanup(func() { _ = c.Close() })
+			s, err := redis.New(c, opts)
 			require.NoError(t, err)
 			return s
 		},
@@ -375,7 +381,7 @@ func postgresDSN(t *testing.T) string {
 // postgresBackend puts a proxy in front of PostgreSQL; every node has its own
 // pool through it. The tables are the test's own, dropped at the end. An
 // outage is a stopped server: new connections refused, open ones dropped.
-func postgresBackend(t *testing.T) (*backend, string) {
+func postgresBackend(t *testing.T, configure ...func(*pgxpool.Config)) (*backend, string) {
 	t.Helper()
 	dsn := postgresDSN(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -407,6 +413,9 @@ func postgresBackend(t *testing.T) (*backend, string) {
 			cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
 			cfg.ConnConfig.ConnectTimeout = 2 * time.Second
 			cfg.MaxConns = 4
+			for _, f := range configure {
+				f(cfg)
+			}
 			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
