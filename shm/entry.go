@@ -18,7 +18,7 @@ const (
 	flagUsed   uint32 = 1 << iota // used (read or written) since the last Collect
 	flagListed                    // on its shard's active list, for the next Collect
 	flagRef                       // used since the eviction hand last passed
-	flagDead                     // removed from the table; its data was retired
+	flagDead                      // removed from the table; its data was retired
 )
 
 // slot is one window's counts on this node.
