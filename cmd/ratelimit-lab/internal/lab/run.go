@@ -230,8 +230,6 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	from := start.Add(cfg.Warmup).UnixNano()
 	if cfg.Simulated {
 		from = simStart + int64(cfg.Warmup)
-	}
-	if cfg.Simulated {
 		workers = []*worker{runSimulated(ctx, &cfg, cl, keys, rates, limits, &sim.now)}
 		res.RunTime = cfg.Duration
 	} else {
