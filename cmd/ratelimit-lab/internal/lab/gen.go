@@ -108,8 +108,19 @@ func (h *arrivalHeap) Pop() any {
 type balancer struct {
 	policy string
 	nodes  int
-	rr     map[uint32]int
+	rr     []int32 // per key: the node its next hit goes to
 	rng    *rand.Rand
+}
+
+func newBalancer(policy string, nodes, keys int, rng *rand.Rand) *balancer {
+	b := &balancer{policy: policy, nodes: nodes, rng: rng}
+	if policy == "round-robin" {
+		b.rr = make([]int32, keys)
+		for k := range b.rr {
+			b.rr[k] = int32(k % nodes) // keys start on different nodes
+		}
+	}
+	return b
 }
 
 func (b *balancer) pick(key uint32) int {
@@ -121,13 +132,7 @@ func (b *balancer) pick(key uint32) int {
 		h ^= h >> 29
 		return int(h % uint64(b.nodes))
 	}
-	if b.rr == nil {
-		b.rr = map[uint32]int{}
-	}
-	n, ok := b.rr[key]
-	if !ok {
-		n = int(key) % b.nodes
-	}
-	b.rr[key] = (n + 1) % b.nodes
-	return n
+	n := b.rr[key]
+	b.rr[key] = (n + 1) % int32(b.nodes)
+	return int(n)
 }

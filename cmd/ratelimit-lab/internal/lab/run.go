@@ -259,7 +259,7 @@ func runSimulated(ctx context.Context, cfg *Config, cl *cluster, keys []string, 
 		all[i] = uint32(i)
 	}
 	gen := newArrivals(all, rates, cfg.Poisson, rng)
-	lb := &balancer{policy: cfg.LB, nodes: cfg.Nodes, rng: rng}
+	lb := newBalancer(cfg.LB, cfg.Nodes, len(keys), rng)
 	w := &worker{nodeChecks: make([]int64, cfg.Nodes), limit: cfg.MaxRecords}
 	end := int64(cfg.Duration)
 	nextSync := int64(-1)
@@ -349,7 +349,7 @@ func runWall(ctx context.Context, cfg *Config, cl *cluster, keys []string, rates
 	for wi, w := range ws {
 		wg.Go(func() {
 			rng := mrand.New(mrand.NewPCG(cfg.Seed, uint64(wi)+1))
-			lb := &balancer{policy: cfg.LB, nodes: cfg.Nodes, rng: rng}
+			lb := newBalancer(cfg.LB, cfg.Nodes, len(keys), rng)
 			if cfg.Unpaced {
 				var zipf *mrand.Zipf
 				if cfg.Dist == "zipf" && len(keys) > 1 {
