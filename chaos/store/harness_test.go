@@ -179,6 +179,9 @@ type backend struct {
 	latency func(d time.Duration)
 	// proxy is the fault proxy in front of a real server (nil for memory).
 	proxy *faultproxy.Proxy
+	// windowsKept says the store keeps every window of a test (no TTL,
+	// no purge within a minute), so per-window totals can be compared.
+	windowsKept bool
 	// pg is a direct pool to PostgreSQL (nil for other stores).
 	pg *pgxpool.Pool
 }
@@ -274,11 +277,12 @@ func (d memDirect) Purge(ctx context.Context, now int64) error {
 func memoryBackend(t *testing.T) (*backend, *memGate) {
 	g := newMemGate()
 	return &backend{
-		name:    "memory",
-		node:    func() strategy.Strategy { return g },
-		direct:  memDirect{g},
-		outage:  func(on bool) { g.hole.Store(on) },
-		latency: func(d time.Duration) { g.latency.Store(int64(d)) },
+		name:        "memory",
+		windowsKept: true,
+		node:        func() strategy.Strategy { return g },
+		direct:      memDirect{g},
+		outage:      func(on bool) { g.hole.Store(on) },
+		latency:     func(d time.Duration) { g.latency.Store(int64(d)) },
 		lostReplyThenOutage: func(string) func() bool {
 			g.loseThenHole.Store(true)
 			return g.lostThenHoled.Load
@@ -403,9 +407,10 @@ func postgresBackend(t *testing.T, configure ...func(*pgxpool.Config)) (*backend
 	require.NoError(t, err)
 	px := newProxy(t, fmt.Sprintf("%s:%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port))
 	b := &backend{
-		name:  "postgres",
-		proxy: px,
-		pg:    directPool,
+		name:        "postgres",
+		windowsKept: true,
+		proxy:       px,
+		pg:          directPool,
 		node: func() strategy.Strategy {
 			cfg, err := pgxpool.ParseConfig(dsn)
 			require.NoError(t, err)
@@ -572,6 +577,7 @@ type traffic struct {
 	perWindow map[int64]map[string]int64 // per limit-window start, per key
 	samples   []sample
 	degraded  int64
+	straddled int64 // admitted hits decided across a window boundary
 	errs      []error
 
 	stop chan struct{}
@@ -596,7 +602,7 @@ func (tr *traffic) run(ns *ratelimit.Namespace, offset int, interval time.Durati
 	local := make([]sample, 0, 1<<14)
 	admitted := map[string]int64{}
 	perWindow := map[int64]map[string]int64{}
-	var degraded int64
+	var degraded, straddled int64
 	var errs []error
 	defer func() {
 		tr.mu.Lock()
@@ -614,6 +620,7 @@ func (tr *traffic) run(ns *ratelimit.Namespace, offset int, interval time.Durati
 			}
 		}
 		tr.degraded += degraded
+		tr.straddled += straddled
 		tr.errs = append(tr.errs, errs...)
 	}()
 	count := func(w int64, key string) {
@@ -664,6 +671,7 @@ func (tr *traffic) run(ns *ratelimit.Namespace, offset int, interval time.Durati
 			count(w0, key)
 			if w1 != w0 {
 				count(w1, key)
+				straddled++
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratesync/ratelimit"
+	"github.com/ratesync/ratelimit/strategy"
 )
 
 // Scenario 1: the store is unreachable for a while (Redis black-holed, every
@@ -107,6 +108,21 @@ func runOutage(t *testing.T, b *backend, outage time.Duration, timed bool) {
 	}), "a node never synced after the outage")
 	checkExact(t, b, c, tr, 30*time.Second)
 	recovery := time.Since(up)
+	// The 10 s windows that rotated out during the outage were kept as
+	// retired records and pushed after it: each window holds its hits.
+	if b.windowsKept && tr.straddled == 0 {
+		ctx := context.Background()
+		windows := 0
+		for start, m := range tr.perWindow {
+			for _, k := range tr.keys {
+				n, err := b.direct.GetWindow(ctx, c.name, strategy.CounterID{Key: k, Size: refWindow, Start: start})
+				require.NoError(t, err)
+				assert.Equal(t, m[k], n, "key %s, window %d", k, start)
+			}
+			windows++
+		}
+		result(t, "each of the %d windows of %v (rotated out during the outage included) holds exactly its admitted hits", windows, refWindow)
+	}
 	// Once a node's cycle succeeded, its decisions are no longer degraded.
 	for i, n := range c.nodes {
 		d, err := n.ns.Peek(context.Background(), tr.keys[0], 1, limit, tally)
