@@ -229,11 +229,14 @@ func (t *Table) insert(s *shard, key string, h uint64, now int64) *Entry {
 	if s.count >= s.cap {
 		t.makeRoom(s, now)
 	}
-	if (s.count+1)*4 > len(s.slots)*3 {
+	// The load factor stays at most 7/8: probes read the tag array, sixteen
+	// tags to a cache line, so long runs stay cheap, and a shard at its cap
+	// does not double for a few entries.
+	if (s.count+1)*8 > len(s.slots)*7 {
 		// Before growing, drop what has expired: the shard is walked once per
 		// doubling at most, so the cost is amortised over the inserts.
 		t.dropExpired(s, now)
-		if (s.count+1)*4 > len(s.slots)*3 {
+		if (s.count+1)*8 > len(s.slots)*7 {
 			s.resize(max(minSlots, len(s.slots)*2))
 		}
 	}

@@ -26,7 +26,13 @@ import (
 // not be over-admitted by more than 1%.
 
 const (
-	floodKeyBudget = 200 // bytes per tracked key
+	// floodKeyBudget is the heap a tracked key may cost in periodic mode: the
+	// table's 200 B (BenchmarkMemoryPerKey: 194 B) plus the sync's share (the
+	// list of keys used since the last cycles, entries evicted while their
+	// push was in flight). floodFixedBudget covers what does not grow with
+	// the keys: the shards and the push buffer (at most 16,384 counters).
+	floodKeyBudget   = 220 // bytes per tracked key
+	floodFixedBudget = 1 << 20
 	floodVictims   = 100
 	floodDuration  = 60 * time.Second // for ten million keys
 	floodSyncRate  = refSyncRate
@@ -203,7 +209,7 @@ func TestKeyFlood(t *testing.T) {
 			overMax = max(overMax, n-victimMax)
 		}
 	}
-	budget := uint64(p.maxKeys * floodKeyBudget * 12 / 10)
+	budget := uint64((p.maxKeys*floodKeyBudget + floodFixedBudget) * 12 / 10)
 	perKey := float64(peak) / float64(p.maxKeys)
 	overPct := 100 * float64(over) / float64(victimMax*floodVictims*windows)
 	t.Logf("flood: %d keys (+%d victim hits) in %v of the node's clock (window %v), %v wall time (%.0f keys/s), race=%v",
@@ -213,7 +219,7 @@ func TestKeyFlood(t *testing.T) {
 	t.Logf("stats at the end: tracked %d, evictions %d, syncs %d, pushes %d", st.TrackedKeys, st.Evictions, st.Syncs, store.pushes.Load())
 	t.Logf("victims: admitted %d, over their limit by %d hits (%.2f%%; worst window +%d)", victimAdmitted, over, overPct, overMax)
 
-	assert.LessOrEqual(t, peak, budget, "heap within MaxKeys × %d B + 20%%", floodKeyBudget)
+	assert.LessOrEqual(t, peak, budget, "heap within (MaxKeys × %d B + 1 MiB) + 20%%", floodKeyBudget)
 	assert.LessOrEqual(t, st.TrackedKeys, p.maxKeys)
 	assert.GreaterOrEqual(t, st.Evictions, int64(keys-p.maxKeys)/2, "evictions are counted")
 	assert.LessOrEqual(t, overPct, 1.0, "victims over-admitted by at most 1%")
