@@ -33,9 +33,9 @@ const (
 	// the keys: the shards and the push buffer (at most 16,384 counters).
 	floodKeyBudget   = 220 // bytes per tracked key
 	floodFixedBudget = 1 << 20
-	floodVictims   = 100
-	floodDuration  = 60 * time.Second // for ten million keys
-	floodSyncRate  = refSyncRate
+	floodVictims     = 100
+	floodDuration    = 60 * time.Second // for ten million keys
+	floodSyncRate    = refSyncRate
 )
 
 // sinkStore is a store that keeps only the victims' counters and sums the
