@@ -589,3 +589,20 @@ func TestEvictionPressureTriggersASync(t *testing.T) {
 		require.Equal(t, 5000, store.Len(), "every evicted key's hit reached the store")
 	})
 }
+
+func TestStatsPendingHitsInPeriodicMode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memory.New()
+		ns := newNS(t, ratelimit.Config{WindowSizes: []time.Duration{time.Minute}, SyncRate: time.Hour, Strategy: store})
+		store.SetFaults(func(memory.Op) memory.Fault { return memory.Refuse })
+		for i := range 7 {
+			_, err := ns.Increment(ctx, fmt.Sprintf("k%d", i%3), time.Minute, 1)
+			require.NoError(t, err)
+		}
+		require.Error(t, ns.Sync(ctx))
+		require.Equal(t, int64(7), ns.Stats().PendingHits, "the store confirmed none")
+		store.SetFaults(nil)
+		require.NoError(t, ns.Sync(ctx))
+		require.Zero(t, ns.Stats().PendingHits)
+	})
+}

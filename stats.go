@@ -11,7 +11,7 @@ type Stats struct {
 	Evictions        int64         // keys evicted by the MaxKeys cap
 	Syncs            int64         // sync cycles run (by the loop or Sync)
 	SyncErrors       int64         // sync cycles that failed
-	PendingHits      int64         // hits handed to pushes not yet settled
+	PendingHits      int64         // hits counted here that the store has not confirmed yet
 	RetiredWindows   int           // evicted or rotated windows whose hits wait for a push
 	UnresolvedPushes int           // pushes whose outcome is unknown, to re-send
 	LastSync         time.Time     // when the last cycle ended (zero before the first)

@@ -58,7 +58,7 @@ var (
 	evictions        = desc("evictions_total", "Keys evicted by the MaxKeys cap.")
 	syncs            = desc("syncs_total", "Background sync cycles run.")
 	syncErrors       = desc("sync_errors_total", "Background sync cycles that failed.")
-	pendingHits      = desc("pending_hits", "Hits handed to pushes not yet settled.")
+	pendingHits      = desc("pending_hits", "Hits counted on this node that the store has not confirmed yet.")
 	retiredWindows   = desc("retired_windows", "Evicted or rotated windows whose hits wait for a push.")
 	unresolvedPushes = desc("unresolved_pushes", "Pushes whose outcome is unknown, waiting to be re-sent.")
 	lastSyncDuration = desc("last_sync_duration_seconds", "Duration of the last sync cycle.")

@@ -333,17 +333,30 @@ func (t *Table) Load(key string, w int, start, count, now int64, insert bool) {
 	}
 }
 
-// Pending returns how many hits are handed to pushes not yet settled, and how
-// many retired records wait for a push.
+// Pending returns the hits counted in this table that the store has not
+// confirmed yet (waiting for a push, in flight, or in retired windows), and how
+// many retired records wait for a push. It walks the table: for monitoring,
+// not for hot paths.
 func (t *Table) Pending() (hits int64, retired int) {
 	t.retMu.Lock()
 	retired = len(t.retired)
-	t.retMu.Unlock()
-	t.penMu.Lock()
-	for _, d := range t.pending {
-		hits += d
+	for _, r := range t.retired {
+		hits += r.local - r.acked
 	}
-	t.penMu.Unlock()
+	t.retMu.Unlock()
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.RLock()
+		for _, e := range s.slots {
+			if e == nil {
+				continue
+			}
+			e.mu.Lock()
+			e.eachHeld(t, func(_ int, _ int64, sl *slot) { hits += sl.local.Load() - sl.acked.Load() })
+			e.mu.Unlock()
+		}
+		s.mu.RUnlock()
+	}
 	return hits, retired
 }
 
