@@ -210,10 +210,15 @@ func runRestart(t *testing.T, b *backend, lose func(), ttl func(*testing.T) (int
 	w0n, w1n, w2n := tr.perWindow[w1-size]["victim"], tr.perWindow[w1]["victim"], tr.perWindow[w1+size]["victim"]
 	result(t, "window %v, limit %d, B %d: admitted %d in the (partial) window before, %d in the window of the loss (%v after its start; the loss took %v), %d in the next; %d failed sync cycles over 3 nodes after the loss",
 		window, limit, refSlack, w0n, w1n, window/2, lossTook.Round(time.Millisecond), w2n, errs1-errs0)
-	// The window of the loss: before it, the nodes admit up to L + B as in
-	// any window; after it, they learn totals of zero and admit up to one
-	// more limit, again with the slack B of periodic sync.
-	assert.LessOrEqual(t, w1n, 2*(limit+refSlack), "the window of the loss: at most one extra limit (each with its slack B)")
+	// The window of the loss: at most one limit more than the normal
+	// L + B. In the shortened run B is 60% of L, and the nodes re-learning
+	// from zero after the loss bring a second B: there the bound is
+	// 2(L + B) (a 0.1 s Redis restart was measured at 2L + B + 8).
+	bound := 2*limit + refSlack
+	if !heavy() {
+		bound = 2 * (limit + refSlack)
+	}
+	assert.LessOrEqual(t, w1n, bound, "the window of the loss: at most one extra limit")
 	assert.GreaterOrEqual(t, w1n, limit, "the key reached its limit")
 	assert.LessOrEqual(t, w2n, limit+refSlack, "the next window: no over-admission beyond B")
 	assert.LessOrEqual(t, errs1-errs0, int64(2*refNodes), "no error storm: at most two failed cycles per node")
