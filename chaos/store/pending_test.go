@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -13,27 +12,11 @@ import (
 	"github.com/ratesync/ratelimit/strategy/memory"
 )
 
-const envKnownBugs = "RATELIMIT_TEST_KNOWN_BUGS"
-
-// knownBug skips a test that shows a bug outside this package, not yet
-// fixed, unless RATELIMIT_TEST_KNOWN_BUGS=1: the test fails until the fix
-// lands, and then its knownBug call should go.
-func knownBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv(envKnownBugs) != "1" {
-		t.Skipf("known bug (%s); set %s=1 to run this failing test", what, envKnownBugs)
-	}
-}
-
-// Stats.PendingHits says "hits handed to pushes not yet settled", and the
-// outage scenario relies on it to tell an operator how many hits wait for
-// the store. In periodic mode it is always 0: shm tracks pending hits only
-// with WriteThrough (synchronous mode), so the hits of a push whose outcome
-// is unknown (kept in Namespace.unresolved, re-sent after the outage) are not
-// counted, nor are the hits collected since the last successful cycle.
-func TestBugPendingHitsInPeriodicMode(t *testing.T) {
+// Stats.PendingHits tells an operator how many hits wait for the store. In
+// periodic mode it counted only write-throughs in flight, so it stayed 0
+// while a push of unknown outcome held hits during an outage.
+func TestPendingHitsInPeriodicMode(t *testing.T) {
 	noLeaks(t)
-	knownBug(t, "Stats.PendingHits is 0 in periodic mode while a push of unknown outcome holds hits")
 	store := memory.New()
 	reg := ratelimit.NewRegistry()
 	// SyncRate of an hour: the test runs the only cycle itself.
