@@ -88,7 +88,7 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 	for i := 0; i < len(cfg.WindowSizes); i += 2 {
 		sizes := cfg.WindowSizes[i:min(i+2, len(cfg.WindowSizes))]
 		t, err := shm.New(shm.Options{Sizes: sizes, MaxKeys: perTable, Track: ns.mode != modeLocal,
-			WriteThrough: ns.mode == modeSync, Settle: 3 * cfg.SyncRate, ReadNext: ns.mode == modeAsync,
+			WriteThrough: ns.mode == modeSync, Settle: settleTime(cfg.SyncRate), ReadNext: ns.mode == modeAsync,
 			Pressure: ns.poke})
 		if err != nil {
 			return nil, fmt.Errorf("%w: WindowSizes: %w", ErrInvalidConfig, err)
@@ -109,6 +109,16 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 		go ns.loop()
 	}
 	return ns, nil
+}
+
+// settleTime is how long after a window ends the sync keeps reading it: three
+// cycles, by when every node has pushed its last hits of it (capped, so a
+// huge SyncRate cannot overflow).
+func settleTime(syncRate time.Duration) time.Duration {
+	if syncRate <= 0 {
+		return 0
+	}
+	return 3 * min(syncRate, 24*time.Hour)
 }
 
 // poke asks the loop for a cycle now; it never blocks.

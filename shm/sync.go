@@ -116,13 +116,11 @@ func (t *Table) Keys(now int64, dst []string) []string {
 }
 
 // Collect appends to b every hit not yet handed to a push (from the entries
-// used since the Collect before the last one, and from retired records) and
-// marks it pending. With reads, it also appends reads of those entries'
-// windows that have no diff. An entry is read by the two Collects after its
-// last use: the second learns the totals that include other nodes' pushes of
-// the same tick. So a cycle costs what the recent traffic did, whatever the
-// table holds; a key used again after a pause is read by the next cycle.
-// Settle b with Ack or Release.
+// used since the last Collect, and from retired records) and marks it
+// pending. With reads, it visits every entry the table holds and also appends
+// reads of their windows that have no diff: the current window, the previous
+// one until it has settled, and (with ReadNext) the next one. Settle b with
+// Ack or Release.
 func (t *Table) Collect(now int64, reads bool, b *Batch) {
 	for !t.CollectSome(now, reads, b, 0) {
 	}
@@ -161,7 +159,11 @@ func (t *Table) collectRetired(b *Batch) {
 	}
 }
 
-// collectShard adds the entries on s's active list to b.
+// collectShard adds s's share of a cycle to b: the entries on its active
+// list, or, with reads, every entry it holds (a node refreshes every key it has
+// seen in the current or previous window, every cycle, so its view is never
+// more than one cycle behind the cluster's: the bound nodes × rate × SyncRate
+// holds however thinly a key's traffic is spread over the nodes).
 func (t *Table) collectShard(s *shard, now int64, reads bool, b *Batch) {
 	s.dirtyMu.Lock()
 	active := s.dirty
@@ -172,7 +174,9 @@ func (t *Table) collectShard(s *shard, now int64, reads bool, b *Batch) {
 		if t.unlist(e) {
 			carry = append(carry, e)
 		}
-		t.collectEntry(e, now, reads, b)
+		if !reads {
+			t.collectEntry(e, now, false, b)
+		}
 	}
 	clear(active[len(carry):])
 	s.dirtyMu.Lock()
@@ -181,6 +185,28 @@ func (t *Table) collectShard(s *shard, now int64, reads bool, b *Batch) {
 	}
 	s.dirty = carry // the backing array is reused: no allocation next cycle
 	s.dirtyMu.Unlock()
+	if !reads {
+		return
+	}
+	// Every entry once: those just unlisted above included, so none is
+	// collected twice in a cycle.
+	expired := 0
+	s.mu.RLock()
+	for _, e := range s.slots {
+		if e != nil {
+			t.collectEntry(e, now, true, b)
+			if e.expired(t, now) {
+				expired++
+			}
+		}
+	}
+	drop := expired > 0 && expired*4 >= s.count
+	s.mu.RUnlock()
+	if drop {
+		s.mu.Lock()
+		t.dropExpired(s, now)
+		s.mu.Unlock()
+	}
 }
 
 // unlist takes e's use since the last Collect: it reports true, and keeps e
