@@ -328,20 +328,34 @@ func (ns *Namespace) loop() {
 	}
 }
 
-// delay returns how long to wait before the next cycle.
+// delay returns how long to wait before the next cycle: the next boundary of
+// interval, or while the store keeps failing, interval doubled per failure up
+// to MaxBackoff (never less than interval), with jitter.
 func (ns *Namespace) delay(interval time.Duration, failures int) time.Duration {
 	if failures > 0 {
-		b := ns.cfg.MaxBackoff
-		if failures < 30 && interval<<failures < b {
-			b = interval << failures
-		}
-		return b/2 + rand.N(b/2+1) // jitter, so nodes do not retry in step
+		return backoff(interval, ns.cfg.MaxBackoff, failures)
 	}
 	d := interval - time.Duration(ns.cfg.Clock().UnixNano()%int64(interval))
 	if d <= 0 {
 		d = interval
 	}
 	return d
+}
+
+// backoff doubles interval per failure, saturating at max (or at interval,
+// if that is larger), and draws a jittered delay in [b/2, b] so that nodes do
+// not retry in step. It never overflows, whatever the durations.
+func backoff(interval, limit time.Duration, failures int) time.Duration {
+	limit = max(limit, interval)
+	b := interval
+	for i := 0; i < failures && b < limit; i++ {
+		if b > limit/2 {
+			b = limit
+			break
+		}
+		b *= 2
+	}
+	return b/2 + rand.N(b/2+1)
 }
 
 // logFailure logs the first failing cycle of an outage and then every 10th, so
