@@ -60,6 +60,12 @@ type Config struct {
 	// MaxBackoff caps the delay between sync attempts while the store keeps
 	// failing (the delay doubles from SyncRate, with jitter). Default 5 s.
 	MaxBackoff time.Duration
+	// MaxClockSkew is the largest difference expected between node clocks.
+	// Within MaxClockSkew of a window's end, each periodic sync also reads the
+	// next window, so a node whose clock is behind follows the nodes already
+	// in it instead of spending a limit of its own. Default 5 s; negative
+	// disables it.
+	MaxClockSkew time.Duration
 	// PurgeInterval is how often the sync loop asks the store to purge
 	// expired windows. Default 1 min.
 	PurgeInterval time.Duration
@@ -111,6 +117,9 @@ func (c *Config) normalize() error {
 		if *f.v == 0 {
 			*f.v = f.def
 		}
+	}
+	if c.MaxClockSkew == 0 {
+		c.MaxClockSkew = 5 * time.Second
 	}
 	if c.MaxKeys < 0 {
 		return bad("MaxKeys", "must not be negative")

@@ -88,7 +88,7 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 	for i := 0; i < len(cfg.WindowSizes); i += 2 {
 		sizes := cfg.WindowSizes[i:min(i+2, len(cfg.WindowSizes))]
 		t, err := shm.New(shm.Options{Sizes: sizes, MaxKeys: perTable, Track: ns.mode != modeLocal,
-			WriteThrough: ns.mode == modeSync, Settle: settleTime(cfg.SyncRate), ReadNext: ns.mode == modeAsync,
+			WriteThrough: ns.mode == modeSync, Settle: settleTime(cfg.SyncRate), ReadAhead: readAhead(ns.mode, cfg.MaxClockSkew), Walk: ns.mode == modeAsync,
 			Pressure: ns.poke})
 		if err != nil {
 			return nil, fmt.Errorf("%w: WindowSizes: %w", ErrInvalidConfig, err)
@@ -109,6 +109,15 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 		go ns.loop()
 	}
 	return ns, nil
+}
+
+// readAhead is how long before a window ends a periodic sync also reads the
+// next one, to follow nodes whose clocks are ahead.
+func readAhead(m mode, skew time.Duration) time.Duration {
+	if m != modeAsync || skew < 0 {
+		return 0
+	}
+	return skew
 }
 
 // settleTime is how long after a window ends the sync keeps reading it: three

@@ -88,7 +88,7 @@ func (t *Table) window(e *Entry, w int, now int64) (int64, int) {
 // shard's active list if it is not there yet: the next Collect pushes its hits
 // and reads its windows, and so does the one after (see Collect).
 func (t *Table) touch(s *shard, e *Entry) {
-	if !t.track {
+	if !t.track || t.walk {
 		return
 	}
 	for {

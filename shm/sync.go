@@ -115,12 +115,12 @@ func (t *Table) Keys(now int64, dst []string) []string {
 	return dst
 }
 
-// Collect appends to b every hit not yet handed to a push (from the entries
-// used since the last Collect, and from retired records) and marks it
-// pending. With reads, it visits every entry the table holds and also appends
-// reads of their windows that have no diff: the current window, the previous
-// one until it has settled, and (with ReadNext) the next one. Settle b with
-// Ack or Release.
+// Collect appends to b every hit not yet handed to a push (from every entry
+// with Walk, else from the entries used since the last Collect, and from
+// retired records) and marks it pending. With reads, it also appends reads of
+// those entries' windows that have no diff: the current window, the previous
+// one until it has settled, and the next one near the current one's end (see
+// ReadAhead). Settle b with Ack or Release.
 func (t *Table) Collect(now int64, reads bool, b *Batch) {
 	for !t.CollectSome(now, reads, b, 0) {
 	}
@@ -159,12 +159,17 @@ func (t *Table) collectRetired(b *Batch) {
 	}
 }
 
-// collectShard adds s's share of a cycle to b: the entries on its active
-// list, or, with reads, every entry it holds (a node refreshes every key it has
-// seen in the current or previous window, every cycle, so its view is never
-// more than one cycle behind the cluster's: the bound nodes × rate × SyncRate
-// holds however thinly a key's traffic is spread over the nodes).
+// collectShard adds s's share of a cycle to b. With Walk it visits every
+// entry s holds (a node refreshes every key it has seen in the current or
+// previous window, every cycle, so its view is never more than one cycle
+// behind the cluster's: the bound nodes × rate × SyncRate holds however thinly
+// a key's traffic is spread over the nodes); otherwise the entries on s's
+// active list.
 func (t *Table) collectShard(s *shard, now int64, reads bool, b *Batch) {
+	if t.walk {
+		t.walkShard(s, now, reads, b)
+		return
+	}
 	s.dirtyMu.Lock()
 	active := s.dirty
 	s.dirty = nil
@@ -174,9 +179,7 @@ func (t *Table) collectShard(s *shard, now int64, reads bool, b *Batch) {
 		if t.unlist(e) {
 			carry = append(carry, e)
 		}
-		if !reads {
-			t.collectEntry(e, now, false, b)
-		}
+		t.collectEntry(e, now, reads, b)
 	}
 	clear(active[len(carry):])
 	s.dirtyMu.Lock()
@@ -185,16 +188,16 @@ func (t *Table) collectShard(s *shard, now int64, reads bool, b *Batch) {
 	}
 	s.dirty = carry // the backing array is reused: no allocation next cycle
 	s.dirtyMu.Unlock()
-	if !reads {
-		return
-	}
-	// Every entry once: those just unlisted above included, so none is
-	// collected twice in a cycle.
+}
+
+// walkShard collects every entry of s, and drops s's expired entries when
+// they are a quarter of it or more.
+func (t *Table) walkShard(s *shard, now int64, reads bool, b *Batch) {
 	expired := 0
 	s.mu.RLock()
 	for _, e := range s.slots {
 		if e != nil {
-			t.collectEntry(e, now, true, b)
+			t.collectEntry(e, now, reads, b)
 			if e.expired(t, now) {
 				expired++
 			}
@@ -244,7 +247,8 @@ func (t *Table) collectEntry(e *Entry, now int64, reads bool, b *Batch) {
 		} else if reads && t.worthReading(x, now, w, s) {
 			t.addRead(b, ref, e.key)
 		}
-		if reads && t.readNext && x == e.w[w].latest.Load() && x >= windowStart(now, t.sizeMS[w]) {
+		if reads && t.readAhead > 0 && x == e.w[w].latest.Load() && x >= windowStart(now, t.sizeMS[w]) &&
+			now >= x+t.sizeMS[w]-t.readAhead {
 			// The window after the newest held: hits there mean other
 			// nodes' clocks are ahead of this one's.
 			t.addRead(b, Ref{e: e, w: uint8(w), start: x + t.sizeMS[w]}, e.key)

@@ -45,11 +45,17 @@ type Options struct {
 	// previous window) for keys whose total this node already learned: by
 	// then every node has pushed its last hits of it. 0 means always.
 	Settle time.Duration
-	// ReadNext makes Collect also read, for every key it reads, the window
-	// after the current one: when the store already has hits there, nodes
-	// whose clocks are ahead are in it, and Ack moves the entry forward to
-	// follow them (see Ack).
-	ReadNext bool
+	// Walk makes every Collect visit every entry the table holds, instead of
+	// the entries used since the last Collect; the table then keeps no
+	// active lists, and using a key costs no bookkeeping. A periodic sync,
+	// which reads every key it holds each cycle, wants this.
+	Walk bool
+	// ReadAhead makes Collect also read, for every key it reads, the window
+	// after the current one during the last ReadAhead of the current window:
+	// when the store already has hits there, nodes whose clocks are ahead (by
+	// up to ReadAhead) are in it, and Ack moves the entry forward to follow
+	// them. 0 never reads ahead.
+	ReadAhead time.Duration
 	// Pressure, when not nil, is called whenever retired records exceed
 	// MaxKeys/16 (at least 64): evictions are outrunning the syncs, and a
 	// sync now would free them. It is called with table locks held, so it
@@ -65,7 +71,8 @@ type Table struct {
 	track    bool
 	wt       bool
 	settle   int64 // ms
-	readNext bool
+	readAhead int64 // ms
+	walk      bool
 	pressure func()
 	maxRet   int // retired records beyond which pressure is called
 	seed     maphash.Seed
@@ -110,7 +117,7 @@ func New(opts Options) (*Table, error) {
 		return nil, errors.Join(ErrConfig, errors.New("shm: a table holds one or two window sizes"))
 	}
 	t := &Table{n: len(opts.Sizes), track: opts.Track || opts.WriteThrough, wt: opts.WriteThrough,
-		settle: opts.Settle.Milliseconds(), readNext: opts.ReadNext, pressure: opts.Pressure, seed: maphash.MakeSeed(),
+		settle: opts.Settle.Milliseconds(), readAhead: opts.ReadAhead.Milliseconds(), walk: opts.Walk, pressure: opts.Pressure, seed: maphash.MakeSeed(),
 		retired: make(map[Ref]*retired), pending: make(map[Ref]int64)}
 	for i, s := range opts.Sizes {
 		if s <= 0 || s%time.Millisecond != 0 {

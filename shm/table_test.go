@@ -214,8 +214,10 @@ func settle(t testing.TB, tb *Table, st *memory.Store, b *Batch, id string) {
 func TestNoHitLostOrDoubled(t *testing.T) {
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		// Odd seeds also keep the per-counter pending bookkeeping.
-		tb := newTable(t, Options{Sizes: []time.Duration{50 * time.Millisecond, 200 * time.Millisecond}, MaxKeys: 16, Track: true, WriteThrough: seed%2 == 1})
+		// Odd seeds also keep the per-counter pending bookkeeping; every
+		// other pair of seeds walks the whole table instead of active lists.
+		tb := newTable(t, Options{Sizes: []time.Duration{50 * time.Millisecond, 200 * time.Millisecond}, MaxKeys: 16, Track: true,
+			WriteThrough: seed%2 == 1, Walk: seed%4 >= 2, ReadAhead: 30 * time.Millisecond})
 		st := memory.New()
 		st.SetFaults(func(memory.Op) memory.Fault { return memory.Fault(rng.IntN(4)) })
 		want := map[strategy.CounterID]int64{}
@@ -259,7 +261,13 @@ func TestNoHitLostOrDoubled(t *testing.T) {
 }
 
 func TestConcurrentAddsAndSyncs(t *testing.T) {
-	tb := newTable(t, Options{Sizes: []time.Duration{10 * time.Millisecond}, MaxKeys: 64, Track: true})
+	for _, walk := range []bool{false, true} {
+		t.Run(fmt.Sprintf("walk=%v", walk), func(t *testing.T) { testConcurrentAddsAndSyncs(t, walk) })
+	}
+}
+
+func testConcurrentAddsAndSyncs(t *testing.T, walk bool) {
+	tb := newTable(t, Options{Sizes: []time.Duration{10 * time.Millisecond}, MaxKeys: 64, Track: true, Walk: walk})
 	st := memory.New()
 	var clock sync.Mutex
 	now := int64(1_000_000)
@@ -434,13 +442,18 @@ func TestHotKeysSurviveAFloodOfOneHitKeys(t *testing.T) {
 }
 
 func TestANodeBehindFollowsTheNextWindow(t *testing.T) {
-	tb := newTable(t, Options{Sizes: []time.Duration{10 * time.Second}, Track: true, ReadNext: true})
+	tb := newTable(t, Options{Sizes: []time.Duration{10 * time.Second}, Track: true, ReadAhead: 2 * time.Second})
+	var early Batch
+	tb.Add("k", 0, 1_000_005_000, 1)
+	tb.Collect(1_000_005_000, true, &early) // 5 s before the window ends: no read ahead
+	require.NotContains(t, early.Reads, strategy.CounterID{Key: "k", Size: 10 * time.Second, Start: 1_000_010_000})
+	tb.Ack(&early, strategy.Result{Totals: []int64{1}, Reads: make([]int64, len(early.Reads))})
 	now := int64(1_000_009_000) // 1 s before its window ends
 	tb.Add("k", 0, now, 3)
 	var b Batch
 	tb.Collect(now, true, &b)
 	require.Contains(t, b.Reads, strategy.CounterID{Key: "k", Size: 10 * time.Second, Start: 1_000_010_000}, "the next window is read")
-	res := strategy.Result{Totals: []int64{3}, Reads: make([]int64, len(b.Reads))}
+	res := strategy.Result{Totals: []int64{4}, Reads: make([]int64, len(b.Reads))}
 	for i, id := range b.Reads {
 		if id.Start == 1_000_010_000 {
 			res.Reads[i] = 50 // nodes whose clocks are ahead already counted there
@@ -450,5 +463,5 @@ func TestANodeBehindFollowsTheNextWindow(t *testing.T) {
 	// This node's clock is still in the old window, but it now counts in the
 	// next one, with the old window as its previous.
 	v := tb.Add("k", 0, now, 1)
-	require.Equal(t, View{Start: 1_000_010_000, Cur: 51, Prev: 3}, v)
+	require.Equal(t, View{Start: 1_000_010_000, Cur: 51, Prev: 4}, v)
 }
