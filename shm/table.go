@@ -65,20 +65,20 @@ type Options struct {
 
 // Table is a sharded counter table. Its methods are safe for concurrent use.
 type Table struct {
-	n        int
-	sizes    [2]time.Duration
-	sizeMS   [2]int64
-	track    bool
-	wt       bool
-	settle   int64 // ms
+	n         int
+	sizes     [2]time.Duration
+	sizeMS    [2]int64
+	track     bool
+	wt        bool
+	settle    int64 // ms
 	readAhead int64 // ms
 	walk      bool
-	pressure func()
-	maxRet   int // retired records beyond which pressure is called
-	seed     maphash.Seed
-	shards   []shard
-	mask     uint64
-	cursor   int // the next shard CollectSome visits
+	pressure  func()
+	maxRet    int // retired records beyond which pressure is called
+	seed      maphash.Seed
+	shards    []shard
+	mask      uint64
+	cursor    int // the next shard CollectSome visits
 
 	evictions atomic.Int64
 
