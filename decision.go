@@ -373,10 +373,7 @@ func (ns *Namespace) resolve(ctx context.Context, key string, cost int64, limits
 			st[owner].penalty = true
 		}
 	}
-	if len(key) > ns.cfg.MaxKeyLength {
-		key = hashKey(key)
-	}
-	return key, st, nil
+	return ns.storedKey(key), st, nil
 }
 
 // checkLimit validates one limit for a request of cost and returns the index
@@ -388,12 +385,7 @@ func (ns *Namespace) checkLimit(cost int64, l Limit) (int, error) {
 	if cost > l.Max {
 		return 0, fmt.Errorf("%w: %d exceeds %s's Max %d: it could never be admitted", ErrInvalidCost, cost, l.PolicyName(), l.Max)
 	}
-	for k, w := range ns.cfg.WindowSizes {
-		if w == l.Window {
-			return k, nil
-		}
-	}
-	return 0, fmt.Errorf("%w: %v (namespace %q has %v)", ErrUnknownWindow, l.Window, ns.name, ns.cfg.WindowSizes)
+	return ns.windowIndex(l.Window)
 }
 
 // CheckLimits reports whether Allow would accept cost and limits: the errors

@@ -3,7 +3,6 @@ package ratelimit_test
 import (
 	"context"
 	"fmt"
-	"hash/maphash"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -689,73 +688,13 @@ func ExampleNamespace_Allow() {
 	// allowed=false policy=per-minute remaining=0 retry-after=50s
 }
 
-// decBaseline is the core's benchmark baseline (bench_test.go), copied so this
-// file stands alone: a 64-shard map of atomics behind RWMutexes.
-type decBaseline struct {
-	shards [64]struct {
-		mu sync.RWMutex
-		m  map[string]*atomic.Int64
-		_  [40]byte
-	}
-	seed maphash.Seed
-}
-
-func newDecBaseline(keys []string) *decBaseline {
-	b := &decBaseline{seed: maphash.MakeSeed()}
-	for i := range b.shards {
-		b.shards[i].m = make(map[string]*atomic.Int64)
-	}
-	for _, k := range keys {
-		b.shards[maphash.String(b.seed, k)&63].m[k] = new(atomic.Int64)
-	}
-	return b
-}
-
-func (b *decBaseline) add(key string, v int64) int64 {
-	s := &b.shards[maphash.String(b.seed, key)&63]
-	s.mu.RLock()
-	c := s.m[key]
-	s.mu.RUnlock()
-	return c.Add(v)
-}
-
-var decBenchKeys = func() []string {
-	keys := make([]string, 100_000)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("user:%08d", i)
-	}
-	return keys
-}()
-
 // BenchmarkAllow measures Allow with two limits (1 s and 1 min) on 100,000
 // existing keys, next to the map-plus-atomic baseline on the same keys, in
 // the same run. The limits are high, so every request is admitted: the
 // common path. The clock is the real one (time.Now is part of the cost).
 func BenchmarkAllow(b *testing.B) {
 	ctx := context.Background()
-	rng := rand.New(rand.NewPCG(1, 2))
-	idx := make([]int, 1<<16)
-	for i := range idx {
-		idx[i] = rng.IntN(len(decBenchKeys))
-	}
-	run := func(b *testing.B, parallel bool, op func(string)) {
-		b.ReportAllocs()
-		b.ResetTimer()
-		if !parallel {
-			for i := 0; b.Loop(); i++ {
-				op(decBenchKeys[idx[i&(len(idx)-1)]])
-			}
-			return
-		}
-		var seed atomic.Int64
-		b.RunParallel(func(pb *testing.PB) {
-			i := int(seed.Add(7919))
-			for pb.Next() {
-				op(decBenchKeys[idx[i&(len(idx)-1)]])
-				i++
-			}
-		})
-	}
+	idx := keyPattern("uniform")
 	limits := []ratelimit.Limit{{Window: time.Second, Max: 1 << 40}, {Window: time.Minute, Max: 1 << 40}}
 	for _, par := range []bool{false, true} {
 		name := "serial"
@@ -763,8 +702,8 @@ func BenchmarkAllow(b *testing.B) {
 			name = "parallel"
 		}
 		b.Run("baseline/"+name, func(b *testing.B) {
-			base := newDecBaseline(decBenchKeys)
-			run(b, par, func(k string) { base.add(k, 1) })
+			base := newBaseline()
+			runPattern(b, par, idx, func(k string) { base.add(k, 1) })
 		})
 		for _, mode := range []string{"local", "async", "local-coarseclock"} {
 			b.Run("allow2-"+mode+"/"+name, func(b *testing.B) {
@@ -783,12 +722,12 @@ func BenchmarkAllow(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.Cleanup(func() { _ = reg.Close(context.Background()) })
-				for _, k := range decBenchKeys {
+				for _, k := range benchKeyNames {
 					if _, err := ns.Allow(ctx, k, 1, limits...); err != nil {
 						b.Fatal(err)
 					}
 				}
-				run(b, par, func(k string) {
+				runPattern(b, par, idx, func(k string) {
 					if d, err := ns.Allow(ctx, k, 1, limits...); err != nil || !d.Allowed {
 						b.Fatal(d, err)
 					}

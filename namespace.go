@@ -161,15 +161,30 @@ func (ns *Namespace) check(ctx context.Context, key string, window time.Duration
 	if key == "" {
 		return nil, 0, "", ErrInvalidKey
 	}
+	i, err := ns.windowIndex(window)
+	if err != nil {
+		return nil, 0, "", err
+	}
+	return ns.tables[i/2], i, ns.storedKey(key), nil
+}
+
+// windowIndex returns window's index in WindowSizes, or ErrUnknownWindow.
+func (ns *Namespace) windowIndex(window time.Duration) (int, error) {
 	for i, w := range ns.cfg.WindowSizes {
 		if w == window {
-			if len(key) > ns.cfg.MaxKeyLength {
-				key = hashKey(key)
-			}
-			return ns.tables[i/2], i, key, nil
+			return i, nil
 		}
 	}
-	return nil, 0, "", fmt.Errorf("%w: %v (namespace %q has %v)", ErrUnknownWindow, window, ns.name, ns.cfg.WindowSizes)
+	return 0, fmt.Errorf("%w: %v (namespace %q has %v)", ErrUnknownWindow, window, ns.name, ns.cfg.WindowSizes)
+}
+
+// storedKey returns the key the tables hold for key: key itself, or a hash of
+// it when it is longer than MaxKeyLength.
+func (ns *Namespace) storedKey(key string) string {
+	if len(key) > ns.cfg.MaxKeyLength {
+		return hashKey(key)
+	}
+	return key
 }
 
 // hashKey replaces an over-long key by a fixed-length digest of it.

@@ -328,6 +328,9 @@ func (t *Table) Release(b *Batch) {
 // remark puts e back on its shard's dirty list, unless it was evicted
 // meanwhile (then its hits are in a retired record, which Collect always reads).
 func (t *Table) remark(e *Entry) {
+	if t.walk {
+		return // the next Collect visits every entry anyway
+	}
 	s, found := t.lookup(e.key)
 	if found == nil {
 		return
