@@ -214,6 +214,18 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) 
 	return s, nil
 }
 
+// orDefault sets *v to def when it is zero; a negative *v is an error that
+// names field.
+func orDefault[T int | time.Duration](field string, v *T, def T) error {
+	if *v < 0 {
+		return fmt.Errorf("%w: %s: negative (%v)", ErrInvalidOptions, field, *v)
+	}
+	if *v == 0 {
+		*v = def
+	}
+	return nil
+}
+
 func (o Options) withDefaults() (Options, error) {
 	bad := func(field, format string, args ...any) (Options, error) {
 		return Options{}, fmt.Errorf("%w: %s: %s", ErrInvalidOptions, field, fmt.Sprintf(format, args...))
@@ -240,35 +252,16 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Table == o.BatchTable {
 		return bad("BatchTable", "must differ from Table %q", o.Table)
 	}
-	switch {
-	case o.PurgeInterval < 0:
-		return bad("PurgeInterval", "negative (%v)", o.PurgeInterval)
-	case o.PurgeInterval == 0:
-		o.PurgeInterval = DefaultPurgeInterval
-	}
-	switch {
-	case o.PurgeBatchSize < 0:
-		return bad("PurgeBatchSize", "negative (%d)", o.PurgeBatchSize)
-	case o.PurgeBatchSize == 0:
-		o.PurgeBatchSize = DefaultPurgeBatchSize
-	}
-	switch {
-	case o.MaxPushRows < 0:
-		return bad("MaxPushRows", "negative (%d)", o.MaxPushRows)
-	case o.MaxPushRows == 0:
-		o.MaxPushRows = DefaultMaxPushRows
-	}
-	switch {
-	case o.PushConcurrency < 0:
-		return bad("PushConcurrency", "negative (%d)", o.PushConcurrency)
-	case o.PushConcurrency == 0:
-		o.PushConcurrency = DefaultPushConcurrency
-	}
-	switch {
-	case o.BatchIDRetention < 0:
-		return bad("BatchIDRetention", "negative (%v)", o.BatchIDRetention)
-	case o.BatchIDRetention == 0:
-		o.BatchIDRetention = DefaultBatchIDRetention
+	for _, err := range []error{
+		orDefault("PurgeInterval", &o.PurgeInterval, DefaultPurgeInterval),
+		orDefault("PurgeBatchSize", &o.PurgeBatchSize, DefaultPurgeBatchSize),
+		orDefault("MaxPushRows", &o.MaxPushRows, DefaultMaxPushRows),
+		orDefault("PushConcurrency", &o.PushConcurrency, DefaultPushConcurrency),
+		orDefault("BatchIDRetention", &o.BatchIDRetention, DefaultBatchIDRetention),
+	} {
+		if err != nil {
+			return Options{}, err
+		}
 	}
 	switch {
 	case o.MaxRetries < 0:

@@ -97,11 +97,11 @@ func (s *Store) getKeys(ctx context.Context, q strategy.Query, windows []window,
 		if len(gets) == 0 {
 			return nil
 		}
-		pipe := s.client.Pipeline()
-		for _, g := range gets {
-			_ = pipe.Process(ctx, g.cmd)
+		cmds := make([]goredis.Cmder, len(gets))
+		for i, g := range gets {
+			cmds[i] = g.cmd
 		}
-		if _, err := pipe.Exec(ctx); err != nil {
+		if err := s.sendReads(ctx, cmds); err != nil {
 			return err
 		}
 		for _, g := range gets {
@@ -146,6 +146,18 @@ func (s *Store) getKeys(ctx context.Context, q strategy.Query, windows []window,
 	return flush()
 }
 
+// sendReads sends read commands in one round trip (see send) and returns the
+// first error among them.
+func (s *Store) sendReads(ctx context.Context, cmds []goredis.Cmder) error {
+	s.send(ctx, cmds)
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // getAll yields every counter of the namespace in windows, reading each
 // shard's hash with HGETALL.
 func (s *Store) getAll(ctx context.Context, q strategy.Query, windows []window, yield func(strategy.Counter, error) bool) error {
@@ -159,11 +171,11 @@ func (s *Store) getAll(ctx context.Context, q strategy.Query, windows []window, 
 		if len(gets) == 0 {
 			return nil
 		}
-		pipe := s.client.Pipeline()
-		for _, g := range gets {
-			_ = pipe.Process(ctx, g.cmd)
+		cmds := make([]goredis.Cmder, len(gets))
+		for i, g := range gets {
+			cmds[i] = g.cmd
 		}
-		if _, err := pipe.Exec(ctx); err != nil {
+		if err := s.sendReads(ctx, cmds); err != nil {
 			return err
 		}
 		for _, g := range gets {
