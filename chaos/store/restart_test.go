@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"github.com/ratesync/ratelimit/strategy/strategytest"
 	"net"
 	"os/exec"
 	"strconv"
@@ -35,6 +36,9 @@ func startRedisServer(t *testing.T) *redisServer {
 	// The shared server being configured says Redis is expected here.
 	redisAddr(t)
 	if _, err := exec.LookPath("redis-server"); err != nil {
+		if strategytest.RequireServices() {
+			t.Fatal("redis-server is not installed (RATELIMIT_TEST_REQUIRE_SERVICES=1)")
+		}
 		t.Skip("redis-server is not installed")
 	}
 	s := &redisServer{t: t}

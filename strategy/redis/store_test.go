@@ -457,22 +457,27 @@ func TestErrorClassification(t *testing.T) {
 			DialTimeout: testDialTimeout, ReadTimeout: testReadTimeout, WriteTimeout: testWriteTimeout,
 			PoolTimeout: testPoolTimeout, MinRetryBackoff: testMinRetryBackoff, MaxRetryBackoff: testMaxRetryBackoff})
 		defer sc.Close()
-		replicas, err := sc.Replicas(ctx, master).Result()
-		require.NoError(t, err)
+		// After a failover Sentinel may list the old primary before it has
+		// been turned into a replica: wait until one reports the role.
 		var r *goredis.Client
-		for _, rep := range replicas {
-			// After a failover Sentinel may list the old primary before it
-			// has been turned into a replica: check its role.
-			c := newClient(t, rep["ip"]+":"+rep["port"])
-			if info, err := c.Info(ctx, "replication").Result(); err == nil && strings.Contains(info, "role:slave") {
-				r = c
-				break
+		var replicas []map[string]string
+		for deadline := time.Now().Add(15 * time.Second); r == nil; {
+			var err error
+			replicas, err = sc.Replicas(ctx, master).Result()
+			require.NoError(t, err)
+			for _, rep := range replicas {
+				c := newClient(t, rep["ip"]+":"+rep["port"])
+				if info, err := c.Info(ctx, "replication").Result(); err == nil && strings.Contains(info, "role:slave") {
+					r = c
+					break
+				}
+			}
+			if r == nil {
+				require.True(t, time.Now().Before(deadline), "no replica of %s became a replica: %v", master, replicas)
+				time.Sleep(100 * time.Millisecond) // polling a server's role
 			}
 		}
-		if r == nil {
-			t.Skipf("no replica of %s is a replica right now: %v", master, replicas)
-		}
-		err = onePush(newStore(t, r, Options{}), ctx)
+		err := onePush(newStore(t, r, Options{}), ctx)
 		require.ErrorIs(t, err, strategy.ErrNotApplied, "a replica refuses the first write")
 		require.ErrorContains(t, err, "READONLY")
 	})
