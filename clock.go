@@ -49,3 +49,52 @@ func (c *CoarseClock) Stop() {
 	c.once.Do(func() { close(c.stop) })
 	<-c.done
 }
+
+// monoBase is the origin of systemClock's monotonic readings.
+var monoBase = time.Now()
+
+// systemClock is the default clock (Config.Clock nil): time.Now to the
+// millisecond, read with one clock read instead of time.Now's two (the wall
+// clock and the monotonic clock; each costs 20–40 ns on some VMs). It adds the
+// monotonic time elapsed since an anchor taken with time.Now, and takes a new
+// anchor every second and whenever the monotonic reading goes back, so a step
+// of the wall clock (NTP, an operator) shows within a second, and a slewed
+// wall clock is followed as the kernel slews both clocks alike.
+type systemClock struct {
+	anchor atomic.Int64 // monotonic reading (ns since monoBase) of the anchor
+	offset atomic.Int64 // wall clock minus monotonic reading at the anchor, ns
+}
+
+func newSystemClock() *systemClock {
+	c := &systemClock{}
+	c.reanchor()
+	return c
+}
+
+// unixMilli returns the wall clock in Unix milliseconds.
+func (c *systemClock) unixMilli() int64 {
+	m := int64(time.Since(monoBase))
+	if a := c.anchor.Load(); m < a || m-a >= int64(time.Second) {
+		return c.reanchor()
+	}
+	return floorDiv(m+c.offset.Load(), int64(time.Millisecond))
+}
+
+// reanchor takes a new anchor from time.Now and returns its Unix millisecond.
+// Racing calls each store a consistent anchor; any of them will do.
+func (c *systemClock) reanchor() int64 {
+	now := time.Now()
+	m := int64(now.Sub(monoBase))
+	c.offset.Store(now.UnixNano() - m)
+	c.anchor.Store(m)
+	return now.UnixMilli()
+}
+
+// floorDiv is a / b rounded down (b > 0).
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b < 0 {
+		q--
+	}
+	return q
+}

@@ -40,6 +40,9 @@ type Namespace struct {
 	// tables[i/2] holds window size i at index i%2: an entry holds two sizes.
 	tables []*shm.Table
 	sizeMS []int64
+	// sys is the default clock, read without time.Now's cost; nil when
+	// Config.Clock was set.
+	sys *systemClock
 
 	// syncSem serialises sync cycles and fetches: at most one runs at a time.
 	// A channel rather than a mutex, so a caller can stop waiting when its
@@ -68,11 +71,15 @@ type Namespace struct {
 }
 
 func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
+	var sys *systemClock
+	if cfg.Clock == nil {
+		sys = newSystemClock()
+	}
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
 	ns := &Namespace{name: cfg.Namespace, cfg: cfg, store: cfg.Strategy, reg: reg, log: cfg.Logger,
-		trigger: make(chan struct{}, 1)}
+		sys: sys, trigger: make(chan struct{}, 1)}
 	switch {
 	case cfg.SyncRate < 0:
 		ns.mode, ns.store = modeLocal, nil
@@ -147,7 +154,12 @@ func (ns *Namespace) WindowSizes() []time.Duration {
 }
 
 // now returns the clock's time in Unix milliseconds.
-func (ns *Namespace) now() int64 { return ns.cfg.Clock().UnixMilli() }
+func (ns *Namespace) now() int64 {
+	if ns.sys != nil {
+		return ns.sys.unixMilli()
+	}
+	return ns.cfg.Clock().UnixMilli()
+}
 
 // check validates a call's common arguments and returns the table and index
 // of window, and the key to store (hashed when too long).
