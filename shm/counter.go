@@ -2,7 +2,6 @@ package shm
 
 import (
 	"hash/maphash"
-	"strings"
 )
 
 // lock returns key's entry with its shard locked: read-locked when the entry
@@ -22,8 +21,7 @@ func (t *Table) lock(key string, now int64) (s *shard, e *Entry, excl bool) {
 	s.mu.RUnlock()
 	s.mu.Lock()
 	if e = s.find(key, h); e == nil {
-		// Clone: the caller's string may share a large buffer (a header, a body).
-		e = t.insert(s, strings.Clone(key), h, now)
+		e = t.insert(s, key, h, now) // copies key
 	} else {
 		e.markUsed()
 	}
@@ -65,12 +63,7 @@ func (s *shard) unlock(excl bool) {
 // is 1). One division on the common path.
 func (t *Table) window(e *Entry, w int, now int64) (int64, int) {
 	p := &e.w[w]
-	size := t.sizeMS[w]
-	q := now / size
-	if now%size < 0 {
-		q--
-	}
-	x := q * size
+	x, par := t.windowOf(w, now)
 	lat := p.latest.Load()
 	if x > lat {
 		e.mu.Lock()
@@ -79,9 +72,27 @@ func (t *Table) window(e *Entry, w int, now int64) (int64, int) {
 		lat = p.latest.Load()
 	}
 	if x < lat {
-		return lat, parity(lat, size)
+		return lat, parity(lat, t.sizeMS[w])
 	}
-	return x, int(q & 1)
+	return x, par
+}
+
+// windowOf returns the start of the window of size index w that holds now,
+// and its parity. The table remembers the window of the last call, so the
+// common case (now in the same window as the last call) costs no division.
+// Racing calls may store each other's windows; the cache is only a hint.
+func (t *Table) windowOf(w int, now int64) (int64, int) {
+	size := t.sizeMS[w]
+	q := t.lastQ[w].Load()
+	if x := q * size; now >= x && now-x < size {
+		return x, int(q & 1)
+	}
+	q = now / size
+	if now%size < 0 {
+		q--
+	}
+	t.lastQ[w].Store(q)
+	return q * size, int(q & 1)
 }
 
 // touch marks e used since the last Collect when tracking, and puts it on its

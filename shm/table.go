@@ -81,6 +81,9 @@ type Table struct {
 	cursor    int // the next shard CollectSome visits
 
 	evictions atomic.Int64
+	// lastQ[w] is the number (start / size) of the window of size index w
+	// that the last call to windowOf found; see windowOf.
+	lastQ [2]atomic.Int64
 
 	retMu   sync.Mutex
 	retired map[Ref]*retired
@@ -92,7 +95,7 @@ type Table struct {
 type shard struct {
 	mu    sync.RWMutex
 	slots []*Entry // len is a power of two, or 0
-	tags  []uint32 // tags[i] is slots[i].hash (never 0), or 0 for an empty slot
+	tags  []uint32 // tags[i] is the tag (see tagOf) of slots[i]'s key, or 0 for an empty slot
 	count int
 	cap   int // the shard's share of MaxKeys
 	hand  int
@@ -209,29 +212,7 @@ func (s *shard) find(key string, h uint64) *Entry {
 	}
 }
 
-// Visit calls fn with key's entry, creating it if needed, while holding the
-// entry's shard read lock so the entry cannot be evicted under fn. fn must not
-// call back into the table's shard-locking methods.
-func (t *Table) visit(key string, now int64, fn func(e *Entry)) {
-	h := maphash.String(t.seed, key)
-	s := t.shardOf(h)
-	s.mu.RLock()
-	if e := s.find(key, h); e != nil {
-		fn(e)
-		s.mu.RUnlock()
-		return
-	}
-	s.mu.RUnlock()
-	s.mu.Lock()
-	e := s.find(key, h)
-	if e == nil {
-		e = t.insert(s, key, h, now)
-	}
-	fn(e)
-	s.mu.Unlock()
-}
-
-// insert adds a new entry. The caller holds s.mu for writing.
+// insert adds a new entry for key (copied). The caller holds s.mu for writing.
 func (t *Table) insert(s *shard, key string, h uint64, now int64) *Entry {
 	if s.count >= s.cap {
 		t.makeRoom(s, now)
@@ -247,36 +228,29 @@ func (t *Table) insert(s *shard, key string, h uint64, now int64) *Entry {
 			s.resize(max(minSlots, len(s.slots)*2))
 		}
 	}
-	e := &Entry{key: key, hash: tagOf(h)}
-	for w := range e.w {
-		e.w[w].latest.Store(noWindow)
-		for i := range e.w[w].slot {
-			e.w[w].slot[i].synced.Store(unknown)
-		}
-	}
-	m := uint32(len(s.slots) - 1)
-	i := e.hash & m
-	for s.tags[i] != 0 {
-		i = (i + 1) & m
-	}
-	s.slots[i], s.tags[i] = e, e.hash
+	e := newEntry(key)
+	s.place(e, tagOf(h))
 	s.count++
 	return e
 }
 
+// place puts e, whose tag is tag, in the first free slot of its probe chain.
+func (s *shard) place(e *Entry, tag uint32) {
+	m := uint32(len(s.slots) - 1)
+	i := tag & m
+	for s.tags[i] != 0 {
+		i = (i + 1) & m
+	}
+	s.slots[i], s.tags[i] = e, tag
+}
+
 func (s *shard) resize(n int) {
-	old := s.slots
+	oldSlots, oldTags := s.slots, s.tags
 	s.slots, s.tags = make([]*Entry, n), make([]uint32, n)
-	m := uint32(n - 1)
-	for _, e := range old {
-		if e == nil {
-			continue
+	for i, e := range oldSlots {
+		if e != nil {
+			s.place(e, oldTags[i])
 		}
-		i := e.hash & m
-		for s.tags[i] != 0 {
-			i = (i + 1) & m
-		}
-		s.slots[i], s.tags[i] = e, e.hash
 	}
 }
 
