@@ -83,11 +83,10 @@ func (t *Table) unpend(ref Ref, d int64) {
 }
 
 // worthReading reports whether a sync should read the window starting at x
-// (held in s): the current window always; the previous one until it has
-// settled, or while this node has not learned its total.
-func (t *Table) worthReading(x, now int64, w int, s *slot) bool {
-	size := t.sizeMS[w]
-	cur := windowStart(now, size)
+// (held in s) of size size, when now falls in the window starting at cur: the
+// current window always; the previous one until it has settled, or while this
+// node has not learned its total.
+func (t *Table) worthReading(x, now, cur, size int64, s *slot) bool {
 	if x >= cur {
 		return true
 	}
@@ -134,8 +133,9 @@ func (t *Table) CollectSome(now int64, reads bool, b *Batch, max int) (done bool
 	if t.cursor == 0 {
 		t.collectRetired(b)
 	}
+	c := t.newCollector(now, reads, b)
 	for t.cursor < len(t.shards) {
-		t.collectShard(&t.shards[t.cursor], now, reads, b)
+		t.collectShard(&t.shards[t.cursor], &c)
 		t.cursor++
 		if max > 0 && len(b.Diffs)+len(b.Reads) >= max && t.cursor < len(t.shards) {
 			return false
@@ -143,6 +143,23 @@ func (t *Table) CollectSome(now int64, reads bool, b *Batch, max int) (done bool
 	}
 	t.cursor = 0
 	return true
+}
+
+// collector holds what one CollectSome call needs for every entry: the start
+// of the window now falls in, per size, worked out once instead of per entry.
+type collector struct {
+	b     *Batch
+	now   int64
+	reads bool
+	cur   [2]int64 // windowStart(now, t.sizeMS[w])
+}
+
+func (t *Table) newCollector(now int64, reads bool, b *Batch) collector {
+	c := collector{b: b, now: now, reads: reads}
+	for w := range t.n {
+		c.cur[w] = windowStart(now, t.sizeMS[w])
+	}
+	return c
 }
 
 // collectRetired adds the retired records' unpushed hits to b.
@@ -159,15 +176,15 @@ func (t *Table) collectRetired(b *Batch) {
 	}
 }
 
-// collectShard adds s's share of a cycle to b. With Walk it visits every
+// collectShard adds s's share of a cycle to c.b. With Walk it visits every
 // entry s holds (a node refreshes every key it has seen in the current or
 // previous window, every cycle, so its view is never more than one cycle
 // behind the cluster's: the bound nodes × rate × SyncRate holds however thinly
 // a key's traffic is spread over the nodes); otherwise the entries on s's
 // active list.
-func (t *Table) collectShard(s *shard, now int64, reads bool, b *Batch) {
+func (t *Table) collectShard(s *shard, c *collector) {
 	if t.walk {
-		t.walkShard(s, now, reads, b)
+		t.walkShard(s, c)
 		return
 	}
 	s.dirtyMu.Lock()
@@ -179,7 +196,7 @@ func (t *Table) collectShard(s *shard, now int64, reads bool, b *Batch) {
 		if t.unlist(e) {
 			carry = append(carry, e)
 		}
-		t.collectEntry(e, now, reads, b)
+		t.collectEntry(e, c)
 	}
 	clear(active[len(carry):])
 	s.dirtyMu.Lock()
@@ -192,22 +209,19 @@ func (t *Table) collectShard(s *shard, now int64, reads bool, b *Batch) {
 
 // walkShard collects every entry of s, and drops s's expired entries when
 // they are a quarter of it or more.
-func (t *Table) walkShard(s *shard, now int64, reads bool, b *Batch) {
+func (t *Table) walkShard(s *shard, c *collector) {
 	expired := 0
 	s.mu.RLock()
 	for _, e := range s.slots {
-		if e != nil {
-			t.collectEntry(e, now, reads, b)
-			if e.expired(t, now) {
-				expired++
-			}
+		if e != nil && t.collectEntry(e, c) {
+			expired++
 		}
 	}
 	drop := expired > 0 && expired*4 >= s.count
 	s.mu.RUnlock()
 	if drop {
 		s.mu.Lock()
-		t.dropExpired(s, now)
+		t.dropExpired(s, c.now)
 		s.mu.Unlock()
 	}
 }
@@ -233,69 +247,114 @@ func (t *Table) unlist(e *Entry) bool {
 	}
 }
 
-// collectEntry adds e's unpushed hits (and, with reads, its seen windows) to b.
-func (t *Table) collectEntry(e *Entry, now int64, reads bool, b *Batch) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.flags.Load()&flagDead != 0 {
-		return // its hits were retired; Collect pushes them from there
+// heldParities returns the slot indexes of the windows starting at lat and
+// lat-size: parity(lat, size) and parity(lat-size, size), with one division
+// when lat is a window boundary (it always is, but a store could answer
+// otherwise).
+func heldParities(lat, size int64) (int, int) {
+	q := lat / size
+	if q*size == lat {
+		return int(q & 1), int((q - 1) & 1)
 	}
-	e.eachHeld(t, func(w int, x int64, s *slot) {
-		ref := Ref{e: e, w: uint8(w), start: x}
-		if d := s.local.Load() - s.acked.Load() - t.pend(ref); d != 0 {
-			t.addDiff(b, ref, e.key, d)
-		} else if reads && t.worthReading(x, now, w, s) {
-			t.addRead(b, ref, e.key)
+	return int(q & 1), parity(lat-size, size)
+}
+
+// collectEntry adds e's unpushed hits (and, with reads, its seen windows) to
+// c.b, and reports whether e has expired: no window of it is current or
+// previous at c.now. It visits the windows eachHeld visits, in the same order,
+// under one hold of e.mu.
+func (t *Table) collectEntry(e *Entry, c *collector) (expired bool) {
+	e.mu.Lock()
+	if e.flags.Load()&flagDead != 0 {
+		e.mu.Unlock()
+		return e.expired(t, c.now) // its hits were retired; Collect pushes them from there
+	}
+	expired = true
+	for w := range t.n {
+		p := &e.w[w]
+		lat := p.latest.Load()
+		if lat == noWindow {
+			continue
 		}
-		if reads && t.readAhead > 0 && x == e.w[w].latest.Load() && x >= windowStart(now, t.sizeMS[w]) &&
-			now >= x+t.sizeMS[w]-t.readAhead {
-			// The window after the newest held: hits there mean other
-			// nodes' clocks are ahead of this one's.
-			t.addRead(b, Ref{e: e, w: uint8(w), start: x + t.sizeMS[w]}, e.key)
+		size, cur := t.sizeMS[w], c.cur[w]
+		if lat >= cur-size {
+			expired = false
 		}
-	})
+		par0, par1 := heldParities(lat, size)
+		t.collectSlot(e, c, w, lat, &p.slot[par0], true)
+		t.collectSlot(e, c, w, lat-size, &p.slot[par1], false)
+	}
+	e.mu.Unlock()
+	return expired
+}
+
+// collectSlot is collectEntry for the held window of size index w starting at
+// x, with slot s; newest tells whether x is the newest window e holds. The
+// caller holds e.mu.
+func (t *Table) collectSlot(e *Entry, c *collector, w int, x int64, s *slot, newest bool) {
+	ref := Ref{e: e, w: uint8(w), start: x}
+	size, cur := t.sizeMS[w], c.cur[w]
+	d := s.local.Load() - s.acked.Load()
+	if t.wt {
+		d -= t.pend(ref)
+	}
+	if d != 0 {
+		t.addDiff(c.b, ref, e.key, d)
+	} else if c.reads && t.worthReading(x, c.now, cur, size, s) {
+		t.addRead(c.b, ref, e.key)
+	}
+	if c.reads && t.readAhead > 0 && newest && x >= cur && c.now >= x+size-t.readAhead {
+		// The window after the newest held: hits there mean other
+		// nodes' clocks are ahead of this one's.
+		t.addRead(c.b, Ref{e: e, w: uint8(w), start: x + size}, e.key)
+	}
 }
 
 // Ack settles a successful push of b: its diffs are confirmed and the store's
 // totals become the synced counts.
 func (t *Table) Ack(b *Batch, res strategy.Result) {
-	for i, ref := range b.DiffRefs {
-		t.ack(ref, b.Diffs[i].Delta, res.Totals[i])
+	totals := res.Totals[:len(b.DiffRefs)]
+	for i := range b.DiffRefs {
+		t.ack(&b.DiffRefs[i], b.Diffs[i].Delta, totals[i])
 	}
-	for i, ref := range b.ReadRefs {
-		t.setSynced(ref, res.Reads[i])
+	reads := res.Reads[:len(b.ReadRefs)]
+	for i := range b.ReadRefs {
+		t.setSynced(&b.ReadRefs[i], reads[i])
 	}
 }
 
-func (t *Table) ack(ref Ref, d, total int64) {
+func (t *Table) ack(ref *Ref, d, total int64) {
 	e := ref.e
 	// e.mu makes the pending and acked changes one step for collectEntry.
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if e.flags.Load()&flagDead == 0 {
 		if s, ok := e.w[ref.w].held(ref.start, t.sizeMS[ref.w]); ok {
-			t.unpend(ref, d)
+			if t.wt {
+				t.unpend(*ref, d)
+			}
 			s.acked.Add(d)
 			s.synced.Store(total)
+			e.mu.Unlock()
 			return
 		}
 	}
 	t.retMu.Lock()
-	defer t.retMu.Unlock()
-	t.unpend(ref, d)
-	if r := t.retired[ref]; r != nil {
+	t.unpend(*ref, d)
+	if r := t.retired[*ref]; r != nil {
 		r.acked += d
-		if r.acked == r.local && t.pend(ref) == 0 {
-			delete(t.retired, ref)
+		if r.acked == r.local && t.pend(*ref) == 0 {
+			delete(t.retired, *ref)
 		}
 	}
+	t.retMu.Unlock()
+	e.mu.Unlock()
 }
 
-func (t *Table) setSynced(ref Ref, total int64) {
+func (t *Table) setSynced(ref *Ref, total int64) {
 	e := ref.e
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if e.flags.Load()&flagDead != 0 {
+		e.mu.Unlock()
 		return
 	}
 	p := &e.w[ref.w]
@@ -309,6 +368,7 @@ func (t *Table) setSynced(ref Ref, total int64) {
 	if s, ok := p.held(ref.start, t.sizeMS[ref.w]); ok {
 		s.synced.Store(total)
 	}
+	e.mu.Unlock()
 }
 
 // Release settles a push of b that surely was not applied: its diffs are no
