@@ -105,7 +105,7 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 	for _, w := range cfg.WindowSizes {
 		ns.sizeMS = append(ns.sizeMS, w.Milliseconds())
 	}
-	ns.stats.decisions = make([]decisionCounters, len(cfg.WindowSizes))
+	ns.stats.decisions = make([]decisionCounters, len(cfg.WindowSizes)*decisionStripes)
 	ns.ctx, ns.cancel = context.WithCancel(context.Background())
 	ns.done = make(chan struct{})
 	ns.syncSem = make(chan struct{}, 1)

@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 )
@@ -29,15 +30,21 @@ type WindowDecisions struct {
 	Degraded int64 // decisions made from local state because the store failed
 }
 
-// decisionCounters are one window size's WindowDecisions, padded so windows
-// counted by different cores do not share a cache line.
+// decisionStripes is how many decisionCounters each window size has: a
+// decision counts in a random one, so cores deciding at once rarely write the
+// same cache line (one shared counter would cost every decision a cache-line
+// transfer between cores). Stats adds them up.
+const decisionStripes = 16
+
+// decisionCounters are one stripe of one window size's WindowDecisions,
+// padded to a cache line of its own.
 type decisionCounters struct {
 	allowed, rejected, degraded atomic.Int64
 	_                           [40]byte
 }
 
 type stats struct {
-	decisions         []decisionCounters // per window size index
+	decisions         []decisionCounters // decisionStripes per window size index
 	syncs, syncErrors atomic.Int64
 	lastSync          atomic.Int64 // Unix ns
 	lastDuration      atomic.Int64
@@ -55,7 +62,7 @@ func (s *stats) recordSync(start time.Time, err error) {
 
 // recordDecision counts one decision whose binding limit has window index i.
 func (s *stats) recordDecision(i int, allowed, degraded bool) {
-	c := &s.decisions[i]
+	c := &s.decisions[i*decisionStripes+int(rand.Uint32()%decisionStripes)]
 	if allowed {
 		c.allowed.Add(1)
 	} else {
@@ -84,10 +91,16 @@ func (ns *Namespace) Stats() Stats {
 	ns.unresMu.Lock()
 	st.UnresolvedPushes = len(ns.unresolved)
 	ns.unresMu.Unlock()
-	for i := range ns.stats.decisions {
-		c := &ns.stats.decisions[i]
-		st.Decisions = append(st.Decisions, WindowDecisions{Window: ns.cfg.WindowSizes[i],
-			Allowed: c.allowed.Load(), Rejected: c.rejected.Load(), Degraded: c.degraded.Load()})
+	for i, w := range ns.cfg.WindowSizes {
+		wd := WindowDecisions{Window: w}
+		stripes := ns.stats.decisions[i*decisionStripes : (i+1)*decisionStripes]
+		for j := range stripes {
+			c := &stripes[j]
+			wd.Allowed += c.allowed.Load()
+			wd.Rejected += c.rejected.Load()
+			wd.Degraded += c.degraded.Load()
+		}
+		st.Decisions = append(st.Decisions, wd)
 	}
 	return st
 }
