@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"iter"
 	"sync"
 	"sync/atomic"
@@ -54,17 +55,20 @@ type window struct {
 	start int64
 }
 
-type windows map[window]map[string]int64
+type windows map[window]*counters
 
 // Store is an in-process central store. The zero value is not usable; call New.
 type Store struct {
 	mu sync.Mutex
-	// counters[namespace][window][key] is a counter's total. Nesting keeps a
-	// push to hashing each key once, and lets Purge drop whole windows.
+	// counters[namespace][window] holds the window's counters by key. Nesting
+	// lets Purge drop whole windows, and a push to look a window up once per
+	// run of counters in it.
 	counters map[string]windows
 	// applied maps a batch ID to the end of the latest window it touched, so
 	// Purge can forget IDs whose windows are gone.
 	applied map[string]int64
+	seed    maphash.Seed
+	hashes  []uint64 // a push's key hashes, reused (guarded by mu)
 
 	faults atomic.Pointer[func(Op) Fault]
 	pushes atomic.Int64
@@ -72,7 +76,7 @@ type Store struct {
 
 // New returns an empty Store, safe for concurrent use.
 func New() *Store {
-	return &Store{counters: make(map[string]windows), applied: make(map[string]int64)}
+	return &Store{counters: make(map[string]windows), applied: make(map[string]int64), seed: maphash.MakeSeed()}
 }
 
 var _ strategy.Strategy = (*Store)(nil)
@@ -114,7 +118,10 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 	if f == Refuse || f == LoseRequest {
 		return strategy.Result{}, faultError(f, "push")
 	}
-	res := strategy.Result{Totals: make([]int64, len(b.Diffs)), Reads: make([]int64, len(b.Reads))}
+	// One allocation for both answers.
+	nd := len(b.Diffs)
+	buf := make([]int64, nd+len(b.Reads))
+	res := strategy.Result{Totals: buf[:nd:nd], Reads: buf[nd:]}
 	s.mu.Lock()
 	_, seen := s.applied[b.ID]
 	ws := s.counters[b.Namespace]
@@ -122,30 +129,39 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 		ws = make(windows)
 		s.counters[b.Namespace] = ws
 	}
+	// Every key is hashed once, in a pass of its own: the misses on the
+	// keys' bytes overlap, and so do the lookups' below.
+	hs := s.hashKeys(b)
 	var end int64
 	var last window
-	var keys map[string]int64
-	for i, d := range b.Diffs {
-		if w := (window{d.Size, d.Start}); keys == nil || w != last {
-			last, keys = w, ws[w]
-			if keys == nil {
-				keys = make(map[string]int64)
-				ws[w] = keys
+	var c *counters
+	for i := range b.Diffs {
+		d := &b.Diffs[i]
+		if w := (window{d.Size, d.Start}); i == 0 || w != last {
+			last, c = w, ws[w]
+			if c == nil && !seen {
+				c = new(counters)
+				ws[w] = c
 			}
+			end = max(end, d.Start+2*d.Size.Milliseconds())
 		}
-		n := keys[d.Key]
-		if !seen {
-			n += d.Delta
-			keys[d.Key] = n
+		if seen {
+			res.Totals[i] = c.get(hs[i], d.Key)
+			continue
 		}
+		n := c.add(hs[i], d.Key, d.Delta)
 		res.Totals[i] = n
-		end = max(end, d.Start+2*d.Size.Milliseconds())
 	}
 	if !seen && b.ID != "" {
 		s.applied[b.ID] = end
 	}
-	for i, id := range b.Reads {
-		res.Reads[i] = ws[window{id.Size, id.Start}][id.Key]
+	hs = hs[nd:]
+	for i := range b.Reads {
+		id := &b.Reads[i]
+		if w := (window{id.Size, id.Start}); i == 0 || w != last {
+			last, c = w, ws[w]
+		}
+		res.Reads[i] = c.get(hs[i], id.Key)
 	}
 	s.mu.Unlock()
 	if f == LoseReply {
@@ -165,25 +181,37 @@ func (s *Store) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2[str
 			yield(strategy.Counter{}, faultError(f, "get counters"))
 			return
 		}
+		var hs []uint64
+		if q.Keys != nil {
+			hs = make([]uint64, len(q.Keys))
+			for i, key := range q.Keys {
+				hs[i] = s.hash(key)
+			}
+		}
 		var out []strategy.Counter
 		s.mu.Lock()
 		ws := s.counters[q.Namespace]
 		for _, size := range q.Sizes {
 			cur := strategy.WindowStart(q.Now, size)
 			for _, start := range [2]int64{cur, cur - size.Milliseconds()} {
-				keys := ws[window{size, start}]
-				add := func(key string, n int64) {
-					out = append(out, strategy.Counter{CounterID: strategy.CounterID{Key: key, Size: size, Start: start}, Count: n})
+				c := ws[window{size, start}]
+				if c == nil {
+					continue
 				}
+				id := strategy.CounterID{Size: size, Start: start}
 				if q.Keys == nil {
-					for key, n := range keys {
-						add(key, n)
+					for i := range c.slots {
+						if sl := &c.slots[i]; sl.hash != 0 {
+							id.Key = sl.key
+							out = append(out, strategy.Counter{CounterID: id, Count: sl.n})
+						}
 					}
 					continue
 				}
-				for _, key := range q.Keys {
-					if n, ok := keys[key]; ok {
-						add(key, n)
+				for i, key := range q.Keys {
+					if n, ok := c.lookup(hs[i], key); ok {
+						id.Key = key
+						out = append(out, strategy.Counter{CounterID: id, Count: n})
 					}
 				}
 			}
@@ -205,9 +233,10 @@ func (s *Store) GetWindow(ctx context.Context, namespace string, id strategy.Cou
 	if f := s.fault(OpGetWindow); f != NoFault {
 		return 0, faultError(f, "get window")
 	}
+	h := s.hash(id.Key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.counters[namespace][window{id.Size, id.Start}][id.Key], nil
+	return s.counters[namespace][window{id.Size, id.Start}].get(h, id.Key), nil
 }
 
 // Purge removes counters older than the previous window at now, and forgets
@@ -245,9 +274,121 @@ func (s *Store) Len() int {
 	defer s.mu.Unlock()
 	n := 0
 	for _, ws := range s.counters {
-		for _, keys := range ws {
-			n += len(keys)
+		for _, c := range ws {
+			n += c.n
 		}
 	}
 	return n
+}
+
+// hashKeys returns the hashes of b's diff keys followed by its read keys, in
+// s.hashes when they fit. The caller holds s.mu.
+func (s *Store) hashKeys(b *strategy.Batch) []uint64 {
+	n := len(b.Diffs) + len(b.Reads)
+	if n > maxKeptHashes {
+		return s.hashInto(make([]uint64, n), b) // not kept: a burst's memory goes back
+	}
+	if cap(s.hashes) < n {
+		s.hashes = make([]uint64, n, min(max(n, 2*cap(s.hashes)), maxKeptHashes))
+	}
+	return s.hashInto(s.hashes[:n], b)
+}
+
+// maxKeptHashes bounds the hash buffer a Store keeps between pushes (512 KiB).
+const maxKeptHashes = 1 << 16
+
+func (s *Store) hashInto(hs []uint64, b *strategy.Batch) []uint64 {
+	for i := range b.Diffs {
+		hs[i] = s.hash(b.Diffs[i].Key)
+	}
+	rs := hs[len(b.Diffs):]
+	for i := range b.Reads {
+		rs[i] = s.hash(b.Reads[i].Key)
+	}
+	return hs
+}
+
+// hash returns key's hash, never 0 (which marks an empty slot).
+func (s *Store) hash(key string) uint64 {
+	if h := maphash.String(s.seed, key); h != 0 {
+		return h
+	}
+	return 1
+}
+
+// counters is one window's counters: an open-addressing hash table with
+// linear probing. Keys are never removed one by one (Purge drops whole
+// windows), so it needs no tombstones. Each slot holds the key's hash, so a
+// lookup usually touches one cache line and rehashing on growth hashes
+// nothing.
+type counters struct {
+	slots []counter // len is a power of two, or 0
+	n     int
+}
+
+type counter struct {
+	hash uint64 // 0 for an empty slot
+	key  string
+	n    int64
+}
+
+// get returns key's total (h is its hash), 0 when absent. c may be nil.
+func (c *counters) get(h uint64, key string) int64 {
+	n, _ := c.lookup(h, key)
+	return n
+}
+
+// lookup returns key's total (h is its hash) and whether c holds it. c may
+// be nil.
+func (c *counters) lookup(h uint64, key string) (int64, bool) {
+	if c == nil || len(c.slots) == 0 {
+		return 0, false
+	}
+	m := uint64(len(c.slots) - 1)
+	for i := h & m; ; i = (i + 1) & m {
+		sl := &c.slots[i]
+		if sl.hash == h && sl.key == key {
+			return sl.n, true
+		}
+		if sl.hash == 0 {
+			return 0, false
+		}
+	}
+}
+
+// add adds d to key's total (h is its hash), creating the counter if needed,
+// and returns the new total.
+func (c *counters) add(h uint64, key string, d int64) int64 {
+	if (c.n+1)*4 > len(c.slots)*3 { // load factor at most 3/4
+		c.grow()
+	}
+	m := uint64(len(c.slots) - 1)
+	for i := h & m; ; i = (i + 1) & m {
+		sl := &c.slots[i]
+		if sl.hash == h && sl.key == key {
+			sl.n += d
+			return sl.n
+		}
+		if sl.hash == 0 {
+			*sl = counter{hash: h, key: key, n: d}
+			c.n++
+			return d
+		}
+	}
+}
+
+func (c *counters) grow() {
+	old := c.slots
+	c.slots = make([]counter, max(8, 2*len(old)))
+	m := uint64(len(c.slots) - 1)
+	for _, sl := range old {
+		if sl.hash == 0 {
+			continue
+		}
+		i := sl.hash & m
+		for c.slots[i].hash != 0 {
+			i = (i + 1) & m
+		}
+		c.slots[i] = sl
+	}
 }
