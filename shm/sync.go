@@ -1,6 +1,8 @@
 package shm
 
 import (
+	"math"
+
 	"github.com/ratesync/ratelimit/strategy"
 )
 
@@ -20,6 +22,10 @@ type Batch struct {
 	DiffRefs []Ref
 	Reads    []strategy.CounterID
 	ReadRefs []Ref
+	// readMark[i] is len(Reads) when Diffs[i] was added: with it, Ack knows
+	// the order the counters were collected in, and settles each entry's
+	// run of counters under one hold of its lock.
+	readMark []int32
 }
 
 // Reset empties b. It drops every entry pointer and key, so evicted entries
@@ -28,6 +34,7 @@ type Batch struct {
 func (b *Batch) Reset() {
 	b.Diffs, b.DiffRefs = resetBuf(b.Diffs), resetBuf(b.DiffRefs)
 	b.Reads, b.ReadRefs = resetBuf(b.Reads), resetBuf(b.ReadRefs)
+	b.readMark = resetBuf(b.readMark)
 }
 
 func resetBuf[T any](s []T) []T {
@@ -55,6 +62,9 @@ func (t *Table) addDiff(b *Batch, ref Ref, key string, d int64) {
 	}
 	b.Diffs = append(b.Diffs, strategy.Diff{CounterID: t.id(ref, key), Delta: d})
 	b.DiffRefs = append(b.DiffRefs, ref)
+	if len(b.readMark) == len(b.DiffRefs)-1 && len(b.Reads) <= math.MaxInt32 {
+		b.readMark = append(b.readMark, int32(len(b.Reads)))
+	} // else Ack does without: it settles the diffs, then the reads
 }
 
 // pend returns the hits of ref handed to pushes still in flight (always 0
@@ -311,22 +321,82 @@ func (t *Table) collectSlot(e *Entry, c *collector, w int, x int64, s *slot, new
 }
 
 // Ack settles a successful push of b: its diffs are confirmed and the store's
-// totals become the synced counts.
+// totals become the synced counts. Each entry's diffs are settled before its
+// reads (a read may move the entry to a newer window); entries do not depend
+// on each other. When b was built by addDiff and addRead only, Ack walks the
+// counters in the order they were collected and settles each run of counters
+// of one entry (typically all of it) under one hold of the entry's lock.
 func (t *Table) Ack(b *Batch, res strategy.Result) {
-	totals := res.Totals[:len(b.DiffRefs)]
-	for i := range b.DiffRefs {
-		t.ack(&b.DiffRefs[i], b.Diffs[i].Delta, totals[i])
+	nd, nr := len(b.DiffRefs), len(b.ReadRefs)
+	totals, reads := res.Totals[:nd], res.Reads[:nr]
+	if len(b.readMark) != nd {
+		for i := range b.DiffRefs {
+			ref := &b.DiffRefs[i]
+			ref.e.mu.Lock()
+			t.ack(ref, b.Diffs[i].Delta, totals[i])
+			ref.e.mu.Unlock()
+		}
+		for i := range b.ReadRefs {
+			ref := &b.ReadRefs[i]
+			ref.e.mu.Lock()
+			t.setSynced(ref, reads[i])
+			ref.e.mu.Unlock()
+		}
+		return
 	}
-	reads := res.Reads[:len(b.ReadRefs)]
-	for i := range b.ReadRefs {
-		t.setSynced(&b.ReadRefs[i], reads[i])
+	mark := b.readMark
+	for i, j := 0, 0; i < nd || j < nr; {
+		next := nr // the reads collected before diff i
+		if i < nd {
+			next = int(mark[i])
+		}
+		if j < next {
+			// Reads come first: those of one entry, up to diff i.
+			e := b.ReadRefs[j].e
+			k := j + 1
+			for k < next && b.ReadRefs[k].e == e {
+				k++
+			}
+			e.mu.Lock()
+			for ; j < k; j++ {
+				t.setSynced(&b.ReadRefs[j], reads[j])
+			}
+			e.mu.Unlock()
+			continue
+		}
+		// Diff i comes first: the run of e's counters from it is diffs
+		// [i, di) and the reads [j, rj) collected among and after them.
+		e := b.DiffRefs[i].e
+		di, rj := i+1, j
+		for {
+			lim := nr
+			if di < nd {
+				lim = int(mark[di])
+			}
+			for rj < lim && b.ReadRefs[rj].e == e {
+				rj++
+			}
+			if rj < lim || di == nd || b.DiffRefs[di].e != e {
+				break
+			}
+			di++
+		}
+		e.mu.Lock()
+		for ; i < di; i++ {
+			t.ack(&b.DiffRefs[i], b.Diffs[i].Delta, totals[i])
+		}
+		for ; j < rj; j++ {
+			t.setSynced(&b.ReadRefs[j], reads[j])
+		}
+		e.mu.Unlock()
 	}
 }
 
+// ack settles one diff of ref: d confirmed, total learned. The caller holds
+// ref.e.mu, which makes the pending and acked changes one step for
+// collectEntry.
 func (t *Table) ack(ref *Ref, d, total int64) {
 	e := ref.e
-	// e.mu makes the pending and acked changes one step for collectEntry.
-	e.mu.Lock()
 	if e.flags.Load()&flagDead == 0 {
 		if s, ok := e.w[ref.w].held(ref.start, t.sizeMS[ref.w]); ok {
 			if t.wt {
@@ -334,7 +404,6 @@ func (t *Table) ack(ref *Ref, d, total int64) {
 			}
 			s.acked.Add(d)
 			s.synced.Store(total)
-			e.mu.Unlock()
 			return
 		}
 	}
@@ -347,14 +416,12 @@ func (t *Table) ack(ref *Ref, d, total int64) {
 		}
 	}
 	t.retMu.Unlock()
-	e.mu.Unlock()
 }
 
+// setSynced records total as ref's synced count. The caller holds ref.e.mu.
 func (t *Table) setSynced(ref *Ref, total int64) {
 	e := ref.e
-	e.mu.Lock()
 	if e.flags.Load()&flagDead != 0 {
-		e.mu.Unlock()
 		return
 	}
 	p := &e.w[ref.w]
@@ -368,7 +435,6 @@ func (t *Table) setSynced(ref *Ref, total int64) {
 	if s, ok := p.held(ref.start, t.sizeMS[ref.w]); ok {
 		s.synced.Store(total)
 	}
-	e.mu.Unlock()
 }
 
 // Release settles a push of b that surely was not applied: its diffs are no
