@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"iter"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -370,7 +371,10 @@ func (c *counters) add(h uint64, key string, d int64) int64 {
 			return sl.n
 		}
 		if sl.hash == 0 {
-			*sl = counter{hash: h, key: key, n: d}
+			// A copy: the caller's key may share memory the store must not
+			// keep alive (the counter table stores short keys inside its
+			// entries, which an evicted entry would otherwise outlive).
+			*sl = counter{hash: h, key: strings.Clone(key), n: d}
 			c.n++
 			return d
 		}
