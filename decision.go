@@ -181,7 +181,7 @@ func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits 
 	}
 	d, bind := ns.decideIn(ctx, key, cost, limits, st, count && cost > 0)
 	if count { // Allow's answers are counted in Stats, Peek's are not
-		ns.stats.recordDecision(st[bind].idx, d.Allowed, d.Degraded)
+		ns.stats.recordDecision(key, st[bind].idx, d.Allowed, d.Degraded)
 	}
 	return d, nil
 }
@@ -356,6 +356,9 @@ func (ns *Namespace) resolve(ctx context.Context, key string, cost int64, limits
 	case cost < 0:
 		return "", nil, fmt.Errorf("%w: %d is negative", ErrInvalidCost, cost)
 	}
+	if cap(st) < len(limits) {
+		st = make([]lstate, 0, len(limits))
+	}
 	for j, l := range limits {
 		i, err := ns.checkLimit(cost, l)
 		if err != nil {
@@ -368,7 +371,11 @@ func (ns *Namespace) resolve(ctx context.Context, key string, cost int64, limits
 				break
 			}
 		}
-		st = append(st, lstate{t: ns.tables[i/2], ti: i / 2, idx: i, w: i % 2, size: ns.sizeMS[i], owner: owner})
+		// Filled in place: cheaper than appending a composite literal.
+		st = st[:j+1]
+		ls := &st[j]
+		ls.t, ls.ti, ls.idx, ls.w, ls.size, ls.owner = ns.tables[i/2], i/2, i, i%2, ns.sizeMS[i], owner
+		ls.penalty, ls.served, ls.v = false, false, shm.View{}
 		if l.Penalty {
 			st[owner].penalty = true
 		}

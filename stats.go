@@ -1,7 +1,6 @@
 package ratelimit
 
 import (
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 )
@@ -31,10 +30,19 @@ type WindowDecisions struct {
 }
 
 // decisionStripes is how many decisionCounters each window size has: a
-// decision counts in a random one, so cores deciding at once rarely write the
-// same cache line (one shared counter would cost every decision a cache-line
-// transfer between cores). Stats adds them up.
+// decision counts in the one its key picks, so cores deciding for different
+// keys at once rarely write the same cache line (one shared counter would cost
+// every decision a cache-line transfer between cores). Stats adds them up.
 const decisionStripes = 16
+
+// stripeOf picks key's stripe from a few of its bytes: far cheaper than a
+// hash or a random number, and keys that differ anywhere near their end or
+// middle (counters, addresses, tokens) spread over the stripes. Decisions for
+// one key share a stripe, as they share the key's counters anyway.
+func stripeOf(key string) int {
+	n := len(key) // > 0: keys are checked first
+	return (int(key[n-1]) + 3*int(key[n/2]) + 5*int(key[(n-1)/4*3])) % decisionStripes
+}
 
 // decisionCounters are one stripe of one window size's WindowDecisions,
 // padded to a cache line of its own.
@@ -60,9 +68,10 @@ func (s *stats) recordSync(start time.Time, err error) {
 	s.lastDuration.Store(int64(end.Sub(start)))
 }
 
-// recordDecision counts one decision whose binding limit has window index i.
-func (s *stats) recordDecision(i int, allowed, degraded bool) {
-	c := &s.decisions[i*decisionStripes+int(rand.Uint32()%decisionStripes)]
+// recordDecision counts one decision for key whose binding limit has window
+// index i.
+func (s *stats) recordDecision(key string, i int, allowed, degraded bool) {
+	c := &s.decisions[i*decisionStripes+stripeOf(key)]
 	if allowed {
 		c.allowed.Add(1)
 	} else {
