@@ -693,7 +693,7 @@ func ExampleNamespace_Allow() {
 // shows the decision's own CPU cost without cache misses), next to the
 // map-plus-atomic baseline on the same keys, in the same run. The limits are
 // high, so every request is admitted: the common path. The clock is the real
-// one (its read is part of the cost), except in "local-coarseclock".
+// one (its read is part of the cost), except in "coarse" (see benchNamespace).
 func BenchmarkAllow(b *testing.B) {
 	ctx := context.Background()
 	limits := []ratelimit.Limit{{Window: time.Second, Max: 1 << 40}, {Window: time.Minute, Max: 1 << 40}}
@@ -708,9 +708,9 @@ func BenchmarkAllow(b *testing.B) {
 				base := newBaseline()
 				runPattern(b, par, idx, func(k string) { base.add(k, 1) })
 			})
-			for _, mode := range []string{"local", "async", "local-coarseclock"} {
+			for _, mode := range []string{"local", "async", "coarse"} {
 				b.Run("allow2-"+mode+"/"+pattern+"/"+run, func(b *testing.B) {
-					ns := benchAllowNamespace(b, mode, limits)
+					ns := benchNamespace(b, mode)
 					runPattern(b, par, idx, func(k string) {
 						if d, err := ns.Allow(ctx, k, 1, limits...); err != nil || !d.Allowed {
 							b.Fatal(d, err)
@@ -720,32 +720,6 @@ func BenchmarkAllow(b *testing.B) {
 			}
 		}
 	}
-}
-
-// benchAllowNamespace returns a namespace of the given mode holding every
-// benchmark key.
-func benchAllowNamespace(b *testing.B, mode string, limits []ratelimit.Limit) *ratelimit.Namespace {
-	cfg := ratelimit.Config{WindowSizes: []time.Duration{time.Second, time.Minute}, SyncRate: -1}
-	switch mode {
-	case "async":
-		cfg.SyncRate, cfg.Strategy = time.Hour, memory.New()
-	case "local-coarseclock":
-		c := ratelimit.NewCoarseClock(time.Millisecond)
-		b.Cleanup(c.Stop)
-		cfg.Clock = c.Now
-	}
-	reg := ratelimit.NewRegistry()
-	ns, err := reg.New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = reg.Close(context.Background()) })
-	for _, k := range benchKeyNames {
-		if _, err := ns.Allow(context.Background(), k, 1, limits...); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return ns
 }
 
 func TestRefund(t *testing.T) {
