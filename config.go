@@ -39,7 +39,11 @@ type Config struct {
 	SyncRate time.Duration
 	// Strategy is the central store. It may be nil only when SyncRate < 0.
 	Strategy strategy.Strategy
-	// Clock returns the current time. Default time.Now.
+	// Clock returns the current time. Default: time.Now, to the millisecond,
+	// read more cheaply: one monotonic clock read per call plus an offset to
+	// the wall clock that is refreshed every second, so a step of the wall
+	// clock shows within a second. Set it to inject a clock in tests, or to a
+	// CoarseClock's Now where even one clock read per call costs too much.
 	Clock func() time.Time
 	// MaxKeys caps the keys the namespace tracks in memory; beyond it the
 	// least recently used keys are evicted (their unsynced hits are kept and
