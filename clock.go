@@ -83,8 +83,19 @@ func (c *systemClock) unixMilli() int64 {
 // reanchor takes a new anchor from time.Now and returns its Unix millisecond.
 // Racing calls each store a consistent anchor; any of them will do.
 func (c *systemClock) reanchor() int64 {
-	now := time.Now()
-	m := int64(now.Sub(monoBase))
+	var now time.Time
+	var m int64
+	// time.Now reads the wall clock, then the monotonic clock: a thread
+	// descheduled between the two would make the offset short by the gap
+	// (the clock late by it until the next anchor). A monotonic reading
+	// taken before bounds the gap; retry when it is over 100 µs.
+	for range 3 {
+		before := int64(time.Since(monoBase))
+		now = time.Now()
+		if m = int64(now.Sub(monoBase)); m-before <= int64(100*time.Microsecond) {
+			break
+		}
+	}
 	c.offset.Store(now.UnixNano() - m)
 	c.anchor.Store(m)
 	return now.UnixMilli()

@@ -84,7 +84,9 @@ func (t *Table) window(e *Entry, w int, now int64) (int64, int) {
 func (t *Table) windowOf(w int, now int64) (int64, int) {
 	size := t.sizeMS[w]
 	q := t.lastQ[w].Load()
-	if x := q * size; now >= x && now-x < size {
+	// No subtraction: now - x can overflow. Where x+size overflows, the
+	// test fails and the window is worked out afresh.
+	if x := q * size; now >= x && now < x+size {
 		return x, int(q & 1)
 	}
 	q = now / size

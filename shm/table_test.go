@@ -466,3 +466,13 @@ func TestANodeBehindFollowsTheNextWindow(t *testing.T) {
 	v := tb.Add("k", 0, now, 1)
 	require.Equal(t, View{Start: 1_000_010_000, Cur: 51, Prev: 4}, v)
 }
+
+func TestWindowOfFarApart(t *testing.T) {
+	// The last window found and now far apart: now - start overflows.
+	tb := newTable(t, Options{Sizes: []time.Duration{time.Second}})
+	tb.windowOf(0, -5e18)
+	x, _ := tb.windowOf(0, 5e18)
+	require.Equal(t, int64(5e18), x)
+	x, _ = tb.windowOf(0, -5e18)
+	require.Equal(t, int64(-5e18), x)
+}
