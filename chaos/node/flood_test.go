@@ -192,7 +192,8 @@ func TestKeyFlood(t *testing.T) {
 			v = (v + 1) % floodVictims
 		}
 		if (i+1)%(keys/samples) == 0 {
-			peak = max(peak, heapInUse()-min(baseline, heapInUse()))
+			h := heapInUse()
+			peak = max(peak, h-min(baseline, h))
 		}
 	}
 	elapsed := time.Since(start)
