@@ -19,7 +19,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratesync/ratelimit"
-	"github.com/ratesync/ratelimit/strategy"
 	"github.com/ratesync/ratelimit/strategy/redis"
 )
 
@@ -166,8 +165,7 @@ func redisTotal(t *testing.T, addr, prefix, namespace, key string, size time.Dur
 	t.Helper()
 	store, err := redis.New(newRedisClient(t, addr), redis.Options{KeyPrefix: prefix})
 	require.NoError(t, err)
-	n, err := storeTotal(context.Background(), store, namespace, key,
-		strategy.Query{Sizes: []time.Duration{size}, Now: time.Now().UnixMilli()})
+	n, err := storeTotal(store, namespace, key, size)
 	require.NoError(t, err)
 	return n
 }

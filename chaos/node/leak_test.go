@@ -100,8 +100,7 @@ func TestCloseNoLeaks(t *testing.T) {
 				err, took := closeWithin(ns, closeDeadline)
 				if sc.healthy {
 					require.NoError(t, err)
-					total, err := storeTotal(context.Background(), store, "leak", "k",
-						strategy.Query{Sizes: []time.Duration{leakWindow}, Now: time.Now().UnixMilli()})
+					total, err := storeTotal(store, "leak", "k", leakWindow)
 					require.NoError(t, err)
 					assert.EqualValues(t, 25, total, "Close on a live store loses no hit")
 				} else {
@@ -153,8 +152,7 @@ func TestCloseDuringLoopSync(t *testing.T) {
 			}()
 			store.Release()
 			require.NoError(t, <-done)
-			n, err := storeTotal(context.Background(), store.Store, "inflight", "k",
-				strategy.Query{Sizes: []time.Duration{leakWindow}, Now: time.Now().UnixMilli()})
+			n, err := storeTotal(store.Store, "inflight", "k", leakWindow)
 			require.NoError(t, err)
 			assert.EqualValues(t, 10, n)
 		})
@@ -200,8 +198,7 @@ func TestCloseConcurrent(t *testing.T) {
 	for _, err := range errs {
 		assert.NoError(t, err)
 	}
-	n, err := storeTotal(context.Background(), store, "concurrent", "k",
-		strategy.Query{Sizes: []time.Duration{leakWindow}, Now: time.Now().UnixMilli()})
+	n, err := storeTotal(store, "concurrent", "k", leakWindow)
 	require.NoError(t, err)
 	assert.EqualValues(t, 40, n)
 	require.NoError(t, reg.Close(context.Background()), "the registry forgot the closed namespace")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"sync"
+	"time"
 
 	"github.com/ratesync/ratelimit/strategy"
 	"github.com/ratesync/ratelimit/strategy/memory"
@@ -56,12 +57,12 @@ func (s *slowStore) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2
 	}
 }
 
-// storeTotal returns the memory store's total for key over the current and
-// previous window of size at now (Unix ms).
-func storeTotal(ctx context.Context, s strategy.Strategy, ns, key string, q strategy.Query) (int64, error) {
-	q.Namespace, q.Keys = ns, []string{key}
+// storeTotal returns the store's total for key over the current and previous
+// window of size, now.
+func storeTotal(s strategy.Strategy, ns, key string, size time.Duration) (int64, error) {
+	q := strategy.Query{Namespace: ns, Keys: []string{key}, Sizes: []time.Duration{size}, Now: time.Now().UnixMilli()}
 	var n int64
-	for c, err := range s.GetCounters(ctx, q) {
+	for c, err := range s.GetCounters(context.Background(), q) {
 		if err != nil {
 			return 0, err
 		}
