@@ -295,9 +295,7 @@ func TestCrashCloseDeadStore(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/SyncRate=%v", kind, rate), func(t *testing.T) {
 				noLeaks(t, ignoreRedisRedial)
 				addr := deadRedis(t, kind)
-				client := goredisClient(addr)
-				t.Cleanup(func() { _ = client.Close() })
-				store, err := redis.New(client, redis.Options{KeyPrefix: uniquePrefix(t)})
+				store, err := redis.New(newRedisClient(t, addr), redis.Options{KeyPrefix: uniquePrefix(t)})
 				require.NoError(t, err)
 				ns, err := ratelimit.NewRegistry().New(ratelimit.Config{Namespace: "dead", WindowSizes: []time.Duration{crashWindow},
 					SyncRate: rate, Strategy: store, SyncTimeout: 50 * time.Millisecond})
