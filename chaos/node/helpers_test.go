@@ -103,6 +103,12 @@ func isSentinel(err error) bool {
 	return false
 }
 
+// impossible reports whether no input may produce d: a negative figure, or an
+// admitted hit told to retry.
+func impossible(d ratelimit.Decision) bool {
+	return d.Remaining < 0 || d.RetryAfter < 0 || d.Reset < 0 || (d.Allowed && d.RetryAfter != 0)
+}
+
 // closeNS closes ns at cleanup, with a deadline, and requires no error.
 func closeNS(t *testing.T, ns *ratelimit.Namespace) {
 	t.Helper()

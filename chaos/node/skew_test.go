@@ -46,7 +46,7 @@ func skewBound(l int64, w, skew time.Duration, b int64) int64 {
 // checkDecision checks what every decision must satisfy, whatever the clocks.
 func checkDecision(t *testing.T, d ratelimit.Decision) {
 	t.Helper()
-	if d.Remaining < 0 || d.RetryAfter < 0 || d.Reset < 0 || (d.Allowed && d.RetryAfter != 0) {
+	if impossible(d) {
 		t.Fatalf("impossible decision %+v", d)
 	}
 }
