@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -207,7 +208,7 @@ func fuzzHandlers(f *testing.F) []http.Handler {
 		{Pattern: "GET /healthz"},
 		{Pattern: "example.com/{$}", Limits: tight, KeyFunc: httplimit.KeyByHeader("X-Tenant")},
 	}
-	quiet := slogDiscard()
+	quiet := slog.New(slog.DiscardHandler)
 	var out []http.Handler
 	for _, o := range []httplimit.Options{
 		{Namespace: healthy, Limits: tight, KeyFunc: httplimit.KeyByIP(httplimit.IPOptions{TrustedProxies: proxies}), Rules: rules, LegacyHeaders: true},

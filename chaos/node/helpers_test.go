@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"log/slog"
 	"os"
 	"testing"
 	"time"
@@ -118,6 +117,3 @@ func closeNS(t *testing.T, ns *ratelimit.Namespace) {
 		require.NoError(t, ns.Close(ctx))
 	})
 }
-
-// slogDiscard is a logger that drops everything.
-func slogDiscard() *slog.Logger { return slog.New(slog.DiscardHandler) }
