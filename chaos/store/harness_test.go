@@ -598,7 +598,6 @@ func start(c *cluster, keys []string, limit ratelimit.Limit, rate int) *traffic 
 
 func (tr *traffic) run(ns *ratelimit.Namespace, offset int, interval time.Duration) {
 	ctx := context.Background()
-	size := tr.limit.Window.Milliseconds()
 	local := make([]sample, 0, 1<<14)
 	admitted := map[string]int64{}
 	perWindow := map[int64]map[string]int64{}
@@ -667,7 +666,7 @@ func (tr *traffic) run(ns *ratelimit.Namespace, offset int, interval time.Durati
 			admitted[key]++
 			// A hit decided across a window boundary counts in both windows:
 			// the per-window bounds are upper bounds, so this is conservative.
-			w0, w1 := strategy.WindowStart(t0.UnixMilli(), time.Duration(size)*time.Millisecond), strategy.WindowStart(t1.UnixMilli(), time.Duration(size)*time.Millisecond)
+			w0, w1 := strategy.WindowStart(t0.UnixMilli(), tr.limit.Window), strategy.WindowStart(t1.UnixMilli(), tr.limit.Window)
 			count(w0, key)
 			if w1 != w0 {
 				count(w1, key)
