@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"github.com/ratesync/ratelimit/strategy/strategytest"
 	"net"
 	"os/exec"
 	"strconv"
@@ -20,6 +19,7 @@ import (
 	"github.com/ratesync/ratelimit/strategy"
 	"github.com/ratesync/ratelimit/strategy/memory"
 	"github.com/ratesync/ratelimit/strategy/redis"
+	"github.com/ratesync/ratelimit/strategy/strategytest"
 )
 
 // redisServer is a redis-server child process of the test, without
