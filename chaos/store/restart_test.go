@@ -170,8 +170,7 @@ func TestStoreRestartDataLoss(t *testing.T) {
 						srv.restart()
 						return
 					}
-					c := goredis.NewClient(redisOptions(srv.addr()))
-					defer c.Close()
+					c := redisClient(t, srv.addr())
 					ctx := context.Background()
 					require.NoError(t, c.FlushAll(ctx).Err())
 					require.NoError(t, c.ScriptFlush(ctx).Err())
@@ -256,8 +255,7 @@ func ownRedisBackend(t *testing.T, addr string) *backend {
 // scanTTL lists every key of the Redis server at addr with its TTL.
 func scanTTL(t *testing.T, addr string) (keys, noTTL int, lo, hi time.Duration) {
 	t.Helper()
-	c := goredis.NewClient(redisOptions(addr))
-	defer c.Close()
+	c := redisClient(t, addr)
 	ctx := context.Background()
 	it := c.Scan(ctx, 0, "*", 1000).Iterator()
 	for it.Next(ctx) {
