@@ -50,25 +50,23 @@ func TestAccuracyEvenLoad(t *testing.T) {
 // periods old: the bound doubles.
 func TestAccuracyOverload(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) })
-	for _, run1 := range []struct{ nodes, passes int }{{2, 1}, {4, 1}, {8, 1}, {4, 2}} {
-		{
-			nodes, passes := run1.nodes, run1.passes
-			c := simConfig(nodes, 2)
-			c.SyncPasses = passes
-			r := run(t, c)
-			a := View(&r.Accuracy.Sliding)
-			bound := r.Accuracy.Bound
-			require.InDelta(t, 20.0, bound, 1e-9) // 4 nodes x 50/s x 0.1 s, for any node count
-			if passes == 2 {
-				assert.LessOrEqual(t, float64(a.MaxOver), bound, "nodes=%d passes=%d", nodes, passes)
-			} else {
-				assert.LessOrEqual(t, float64(a.MaxOver), 2*bound, "nodes=%d passes=%d", nodes, passes)
-			}
-			// Over the run the cluster admits close to what an exact limiter would.
-			assert.InDelta(t, 1.0, a.AdmittedRatio, 0.15, "nodes=%d passes=%d", nodes, passes)
-			fixed := View(&r.Accuracy.Fixed)
-			assert.LessOrEqual(t, float64(fixed.MaxOver), 2*bound, "fixed reference, nodes=%d", nodes)
+	for _, tc := range []struct{ nodes, passes int }{{2, 1}, {4, 1}, {8, 1}, {4, 2}} {
+		nodes, passes := tc.nodes, tc.passes
+		c := simConfig(nodes, 2)
+		c.SyncPasses = passes
+		r := run(t, c)
+		a := View(&r.Accuracy.Sliding)
+		bound := r.Accuracy.Bound
+		require.InDelta(t, 20.0, bound, 1e-9) // 4 nodes x 50/s x 0.1 s, for any node count
+		if passes == 2 {
+			assert.LessOrEqual(t, float64(a.MaxOver), bound, "nodes=%d passes=%d", nodes, passes)
+		} else {
+			assert.LessOrEqual(t, float64(a.MaxOver), 2*bound, "nodes=%d passes=%d", nodes, passes)
 		}
+		// Over the run the cluster admits close to what an exact limiter would.
+		assert.InDelta(t, 1.0, a.AdmittedRatio, 0.15, "nodes=%d passes=%d", nodes, passes)
+		fixed := View(&r.Accuracy.Fixed)
+		assert.LessOrEqual(t, float64(fixed.MaxOver), 2*bound, "fixed reference, nodes=%d", nodes)
 	}
 }
 
