@@ -479,13 +479,10 @@ func summarise(res *Result, cfg *Config, ws []*worker, rates []float64, cl *clus
 			acc.KeyRate = float64(res.Checks) / float64(cfg.Keys) / rt
 		}
 	}
-	spread := float64(cfg.Nodes)
-	if cfg.LB == "hash" {
-		spread = 1
-	}
 	switch {
 	case cfg.SyncRate > 0:
-		acc.Bound = spread * (acc.HotKeyRate / spread) * cfg.SyncRate.Seconds()
+		// Nodes x per-node rate is the key's rate, whatever it is spread on.
+		acc.Bound = acc.HotKeyRate * cfg.SyncRate.Seconds()
 	case cfg.SyncRate == 0 || cfg.Nodes == 1 || cfg.LB == "hash":
 		acc.Bound = 0
 	default:
