@@ -195,12 +195,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var id [4]byte
 	_, _ = rand.Read(id[:])
 	res := &Result{Config: cfg, Namespace: "lab-" + hex.EncodeToString(id[:]), Clock: "wall"}
-	if cfg.Simulated {
-		res.Clock = "simulated"
-	}
 	clock := time.Now
 	var sim *simClock
 	if cfg.Simulated {
+		res.Clock = "simulated"
 		sim = newSimClock(simStart)
 		clock = sim.Now
 	}
