@@ -116,26 +116,15 @@ func run(args []string) error {
 		}
 		cfg.Rate = r
 	}
-	switch *arrival {
-	case "even":
-	case "poisson":
-		cfg.Poisson = true
-	default:
-		return fmt.Errorf("-arrival %q: want even or poisson", *arrival)
+	var err error
+	if cfg.Poisson, err = either("arrival", *arrival, "even", "poisson"); err != nil {
+		return err
 	}
-	switch *clock {
-	case "wall":
-	case "sim":
-		cfg.Simulated = true
-	default:
-		return fmt.Errorf("-clock %q: want wall or sim", *clock)
+	if cfg.Simulated, err = either("clock", *clock, "wall", "sim"); err != nil {
+		return err
 	}
-	switch *mode {
-	case "sliding":
-	case "fixed":
-		cfg.Fixed = true
-	default:
-		return fmt.Errorf("-mode %q: want sliding or fixed", *mode)
+	if cfg.Fixed, err = either("mode", *mode, "sliding", "fixed"); err != nil {
+		return err
 	}
 	if *format != "svg" && *format != "png" {
 		return fmt.Errorf("-plot-format %q: want svg or png", *format)
@@ -179,6 +168,17 @@ func run(args []string) error {
 		report.PlotWindows(res, filepath.Join(*out, "admitted."+*format)),
 		report.PlotLatency([]*lab.Result{res}, []string{report.Describe(res.Config)}, filepath.Join(*out, "latency."+*format)),
 	)
+}
+
+// either reads v, the value of flag -name, which is off or on.
+func either(name, v, off, on string) (bool, error) {
+	switch v {
+	case off:
+		return false, nil
+	case on:
+		return true, nil
+	}
+	return false, fmt.Errorf("-%s %q: want %s or %s", name, v, off, on)
 }
 
 func sweep(ctx context.Context, base lab.Config, nodesFlag, syncFlag, out, format string) error {
