@@ -1,6 +1,7 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
 	"image/color"
 	"math"
@@ -160,7 +161,7 @@ func PlotSweep(rs []*lab.Result, file string) error {
 	var vs []any
 	for _, n := range nodes {
 		xy := byNodes[n]
-		slices.SortFunc(xy, func(a, b plotter.XY) int { return int(math.Copysign(1, a.X-b.X)) })
+		slices.SortFunc(xy, byX)
 		vs = append(vs, fmt.Sprintf("%d nodes", n), xy)
 	}
 	if err := plotutil.AddLinePoints(p, vs...); err != nil {
@@ -178,7 +179,7 @@ func PlotSweep(rs []*lab.Result, file string) error {
 			bxy = append(bxy, plotter.XY{X: x, Y: math.Max(k*y, 0.5)})
 			ymax = math.Max(ymax, k*y)
 		}
-		slices.SortFunc(bxy, func(a, b plotter.XY) int { return int(math.Copysign(1, a.X-b.X)) })
+		slices.SortFunc(bxy, byX)
 		l, err := plotter.NewLine(bxy)
 		if err != nil {
 			return err
@@ -203,3 +204,6 @@ func PlotSweep(rs []*lab.Result, file string) error {
 	p.Title.Text += "; 0 drawn as 0.5"
 	return p.Save(plotW, plotH, file)
 }
+
+// byX orders points by X.
+func byX(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) }
