@@ -152,11 +152,7 @@ func (ns *Namespace) Peek(ctx context.Context, key string, cost int64, limits ..
 // RetryInterval). It returns the argument errors Allow returns.
 func (ns *Namespace) Refund(ctx context.Context, key string, cost int64, limits ...Limit) error {
 	var buf [maxInlineLimits]lstate
-	st := buf[:0]
-	if len(limits) > len(buf) {
-		st = make([]lstate, 0, len(limits))
-	}
-	key, st, err := ns.resolve(ctx, key, cost, limits, st)
+	key, st, err := ns.resolve(ctx, key, cost, limits, buf[:0])
 	if err != nil || cost == 0 {
 		return err
 	}
@@ -171,11 +167,7 @@ func (ns *Namespace) Refund(ctx context.Context, key string, cost int64, limits 
 
 func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits []Limit, count bool) (Decision, error) {
 	var buf [maxInlineLimits]lstate
-	st := buf[:0]
-	if len(limits) > len(buf) {
-		st = make([]lstate, 0, len(limits))
-	}
-	key, st, err := ns.resolve(ctx, key, cost, limits, st)
+	key, st, err := ns.resolve(ctx, key, cost, limits, buf[:0])
 	if err != nil {
 		return Decision{}, err
 	}
@@ -193,19 +185,12 @@ func (ns *Namespace) decideIn(ctx context.Context, key string, cost int64, limit
 	if ns.mode == modeSync {
 		return ns.decideSync(ctx, key, cost, limits, st, now, count)
 	}
-	if !count {
-		applyLocal(key, st, now, 0, true, false)
-		ok := admits(st, limits, now, cost, false)
-		d, bind := decision(st, limits, now, cost, ok, false)
-		d.Degraded = ns.storeDown.Load()
-		return d, bind
-	}
-	applyLocal(key, st, now, cost, false, false)
-	ok := admits(st, limits, now, cost, true)
-	if !ok {
+	applyLocal(key, st, now, cost, !count, false) // counts cost, or only reads
+	ok := admits(st, limits, now, cost, count)
+	if count && !ok {
 		applyLocal(key, st, now, -cost, false, true)
 	}
-	d, bind := decision(st, limits, now, cost, ok, true)
+	d, bind := decision(st, limits, now, cost, ok, count)
 	d.Degraded = ns.storeDown.Load() // the cluster's counts are stale while the store fails
 	return d, bind
 }
@@ -215,11 +200,7 @@ func (ns *Namespace) decideSync(ctx context.Context, key string, cost int64, lim
 	// The circuit breaker: this node's view is the store's total as last
 	// learned plus the hits counted here since, a lower bound of the
 	// cluster's count. If it rejects, the store would too.
-	for j := range st {
-		if st[j].owner == j {
-			st[j].v = st[j].t.Peek(key, st[j].w, now)
-		}
-	}
+	peekAll(key, st, now)
 	if !admits(st, limits, now, cost, false) {
 		if count {
 			for j := range st {
@@ -232,17 +213,14 @@ func (ns *Namespace) decideSync(ctx context.Context, key string, cost int64, lim
 		return decision(st, limits, now, cost, false, count)
 	}
 	start := time.Now() // wall time: SyncTimeout bounds the whole call
-	if !count {
-		err := ns.throughAll(ctx, key, st, now, 0)
-		ok := admits(st, limits, now, cost, false)
-		d, bind := decision(st, limits, now, cost, ok, false)
-		d.Degraded = err != nil
-		return d, bind
+	value := int64(0)   // a peek reads the counters
+	if count {
+		value = cost
 	}
-	err := ns.throughAll(ctx, key, st, now, cost)
-	ok := admits(st, limits, now, cost, true)
+	err := ns.throughAll(ctx, key, st, now, value)
+	ok := admits(st, limits, now, cost, count)
 	degraded := err != nil
-	if !ok {
+	if count && !ok {
 		budget := ns.cfg.SyncTimeout - time.Since(start)
 		undo := false
 		for j := range st {
@@ -264,7 +242,7 @@ func (ns *Namespace) decideSync(ctx context.Context, key string, cost int64, lim
 			degraded = degraded || err != nil
 		}
 	}
-	d, bind := decision(st, limits, now, cost, ok, true)
+	d, bind := decision(st, limits, now, cost, ok, count)
 	d.Degraded = degraded
 	return d, bind
 }
@@ -283,7 +261,9 @@ func (ns *Namespace) throughAll(ctx context.Context, key string, st []lstate, no
 			}
 		}
 	}
-	return ns.sendAndView(ctx, p, key, st, now)
+	err := ns.sendThrough(ctx, p)
+	peekAll(key, st, now)
+	return err
 }
 
 // undoAll takes back cost from every counter of st without penalty, in one
@@ -295,21 +275,18 @@ func (ns *Namespace) undoAll(ctx context.Context, key string, st []lstate, now, 
 			s.t.AddPending(key, s.w, now, -cost, &p.parts[s.ti])
 		}
 	}
-	return ns.sendAndView(ctx, p, key, st, now)
+	err := ns.sendThrough(ctx, p)
+	peekAll(key, st, now)
+	return err
 }
 
-func (ns *Namespace) sendAndView(ctx context.Context, p *push, key string, st []lstate, now int64) error {
-	p.assemble()
-	err := ns.send(ctx, p)
-	if err != nil && p.unknown {
-		ns.keepUnresolved(p)
-	}
+// peekAll loads the view of every counter of st from the tables.
+func peekAll(key string, st []lstate, now int64) {
 	for j := range st {
 		if st[j].owner == j {
 			st[j].v = st[j].t.Peek(key, st[j].w, now)
 		}
 	}
-	return err
 }
 
 // applyLocal adds value to the counter of every owner in st (or only reads

@@ -222,7 +222,7 @@ func (ns *Namespace) Increment(ctx context.Context, key string, window time.Dura
 	}
 	now := ns.now()
 	if ns.mode == modeSync {
-		return ns.writeThrough(ctx, t, i, key, now, value)
+		return ns.through(ctx, t, i, key, now, value, true)
 	}
 	v := t.Add(key, i%2, now, value)
 	return slidingRate(v.Cur, v.Prev, now, v.Start, ns.sizeMS[i]), nil
@@ -238,7 +238,7 @@ func (ns *Namespace) SlidingWindow(ctx context.Context, key string, window time.
 	}
 	now := ns.now()
 	if ns.mode == modeSync {
-		return ns.readThrough(ctx, t, i, key, now)
+		return ns.through(ctx, t, i, key, now, 0, false)
 	}
 	v := t.Peek(key, i%2, now)
 	return slidingRate(v.Cur, v.Prev, now, v.Start, ns.sizeMS[i]), nil

@@ -202,12 +202,19 @@ func (ns *Namespace) Sync(ctx context.Context) error {
 	if ok, err := ns.usesStore(ctx); !ok {
 		return err
 	}
+	return ns.runCycle(ctx, true)
+}
+
+// runCycle runs one sync cycle under syncSem and records its outcome: in
+// Stats, and in storeDown, which marks local answers Degraded while the
+// store fails.
+func (ns *Namespace) runCycle(ctx context.Context, reads bool) error {
 	if err := ns.lockSync(ctx); err != nil {
 		return err
 	}
-	defer ns.unlockSync()
 	start := time.Now()
-	err := ns.syncOnce(ctx, true)
+	err := ns.syncOnce(ctx, reads)
+	ns.unlockSync()
 	ns.stats.recordSync(start, err)
 	ns.storeDown.Store(err != nil)
 	return err
@@ -257,29 +264,31 @@ func (ns *Namespace) fetchLocked(ctx context.Context, now int64) error {
 	return nil
 }
 
-// writeThrough is Increment in synchronous mode: one round trip that adds the
-// hit and reads the previous window.
-func (ns *Namespace) writeThrough(ctx context.Context, t *shm.Table, i int, key string, now, value int64) (float64, error) {
+// through is Increment (write) and SlidingWindow (!write) in synchronous
+// mode: one round trip that adds value to key's window i and reads its
+// previous window, or reads both windows; then the rate from the views.
+func (ns *Namespace) through(ctx context.Context, t *shm.Table, i int, key string, now, value int64, write bool) (float64, error) {
 	p := ns.newPush()
-	t.AddPending(key, i%2, now, value, &p.parts[i/2])
-	p.assemble()
-	err := ns.send(ctx, p)
-	if err != nil && p.unknown {
-		ns.keepUnresolved(p)
+	if write {
+		t.AddPending(key, i%2, now, value, &p.parts[i/2])
+	} else {
+		t.PeekReads(key, i%2, now, &p.parts[i/2])
 	}
+	err := ns.sendThrough(ctx, p)
 	v := t.Peek(key, i%2, now)
 	return slidingRate(v.Cur, v.Prev, now, v.Start, ns.sizeMS[i]), err
 }
 
-// readThrough is SlidingWindow in synchronous mode: one round trip that reads
-// the current and previous window.
-func (ns *Namespace) readThrough(ctx context.Context, t *shm.Table, i int, key string, now int64) (float64, error) {
-	p := ns.newPush()
-	t.PeekReads(key, i%2, now, &p.parts[i/2])
+// sendThrough sends a synchronous-mode push. One that carried hits and whose
+// outcome is unknown is kept, for the retry loop to re-send before anything
+// newer; a read has nothing to re-send.
+func (ns *Namespace) sendThrough(ctx context.Context, p *push) error {
 	p.assemble()
 	err := ns.send(ctx, p)
-	v := t.Peek(key, i%2, now)
-	return slidingRate(v.Cur, v.Prev, now, v.Start, ns.sizeMS[i]), err
+	if err != nil && p.unknown && len(p.batch.Diffs) > 0 {
+		ns.keepUnresolved(p)
+	}
+	return err
 }
 
 // loop runs sync cycles until Close: every SyncRate, aligned to SyncRate
@@ -308,15 +317,7 @@ func (ns *Namespace) loop() {
 		case <-trigger: // evictions outrun the syncs: push their hits now
 			timer.Stop()
 		}
-		start := time.Now()
-		err := ns.lockSync(ns.ctx)
-		if err == nil {
-			err = ns.syncOnce(ns.ctx, reads)
-			ns.unlockSync()
-		}
-		ns.stats.recordSync(start, err)
-		ns.storeDown.Store(err != nil)
-		if err != nil {
+		if err := ns.runCycle(ns.ctx, reads); err != nil {
 			failures++
 			ns.logFailure(failures, err)
 		} else {
