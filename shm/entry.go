@@ -91,9 +91,6 @@ func newEntry(key string) *Entry {
 	return e
 }
 
-// Key returns the entry's key.
-func (e *Entry) Key() string { return e.key }
-
 func parity(start, size int64) int {
 	return int((start / size) & 1)
 }
