@@ -368,14 +368,7 @@ func TestSynchronousModeWritesThrough(t *testing.T) {
 func TestFaultyStoreLosesAndDoublesNothing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		store := memory.New()
-		var mu sync.Mutex
-		n := 0
-		store.SetFaults(func(memory.Op) memory.Fault {
-			mu.Lock()
-			defer mu.Unlock()
-			n++
-			return memory.Fault(n % 4) // every kind of fault, in turn
-		})
+		faultsInTurn(store)
 		nodes := multiNode(t, 3, ratelimit.Config{WindowSizes: []time.Duration{time.Hour}, SyncRate: 10 * time.Millisecond, Strategy: store, MaxBackoff: 40 * time.Millisecond})
 		for i := range 600 {
 			_, _ = nodes[i%3].Increment(ctx, fmt.Sprintf("k%d", i%7), time.Hour, 1)
@@ -499,14 +492,7 @@ func TestSynchronousModeConcurrentFaults(t *testing.T) {
 				}
 			}
 		}
-		var mu sync.Mutex
-		n := 0
-		mem.SetFaults(func(memory.Op) memory.Fault {
-			mu.Lock()
-			defer mu.Unlock()
-			n++
-			return memory.Fault(n % 4)
-		})
+		faultsInTurn(mem)
 		nodes := multiNode(t, 2, ratelimit.Config{WindowSizes: []time.Duration{time.Hour}, SyncRate: 0, Strategy: store,
 			RetryInterval: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
 		var wg sync.WaitGroup
@@ -604,5 +590,18 @@ func TestStatsPendingHitsInPeriodicMode(t *testing.T) {
 		store.SetFaults(nil)
 		require.NoError(t, ns.Sync(ctx))
 		require.Zero(t, ns.Stats().PendingHits)
+	})
+}
+
+// faultsInTurn makes store inject every kind of fault in turn, one per
+// operation (the first operation gets the fault numbered 1).
+func faultsInTurn(store *memory.Store) {
+	var mu sync.Mutex
+	n := 0
+	store.SetFaults(func(memory.Op) memory.Fault {
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		return memory.Fault(n % 4)
 	})
 }
