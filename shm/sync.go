@@ -1,8 +1,6 @@
 package shm
 
 import (
-	"math"
-
 	"github.com/ratesync/ratelimit/strategy"
 )
 
@@ -22,10 +20,26 @@ type Batch struct {
 	DiffRefs []Ref
 	Reads    []strategy.CounterID
 	ReadRefs []Ref
-	// readMark[i] is len(Reads) when Diffs[i] was added: with it, Ack knows
-	// the order the counters were collected in, and settles each entry's
-	// run of counters under one hold of its lock.
-	readMark []int32
+	// runs splits the counters into runs of one entry each, in the order
+	// they were added, so that Ack settles a run under one hold of its
+	// entry's lock.
+	runs []run
+}
+
+// run is a run of counters of one entry in a Batch: the diffs and reads from
+// the end of the run before up to Diffs[:diffs] and Reads[:reads].
+type run struct {
+	e            *Entry
+	diffs, reads int
+}
+
+// extend adds the counter just appended for e to b's runs.
+func (b *Batch) extend(e *Entry) {
+	if n := len(b.runs); n > 0 && b.runs[n-1].e == e {
+		b.runs[n-1].diffs, b.runs[n-1].reads = len(b.Diffs), len(b.Reads)
+		return
+	}
+	b.runs = append(b.runs, run{e: e, diffs: len(b.Diffs), reads: len(b.Reads)})
 }
 
 // Reset empties b. It drops every entry pointer and key, so evicted entries
@@ -34,7 +48,7 @@ type Batch struct {
 func (b *Batch) Reset() {
 	b.Diffs, b.DiffRefs = resetBuf(b.Diffs), resetBuf(b.DiffRefs)
 	b.Reads, b.ReadRefs = resetBuf(b.Reads), resetBuf(b.ReadRefs)
-	b.readMark = resetBuf(b.readMark)
+	b.runs = resetBuf(b.runs)
 }
 
 func resetBuf[T any](s []T) []T {
@@ -62,9 +76,7 @@ func (t *Table) addDiff(b *Batch, ref Ref, key string, d int64) {
 	}
 	b.Diffs = append(b.Diffs, strategy.Diff{CounterID: t.id(ref, key), Delta: d})
 	b.DiffRefs = append(b.DiffRefs, ref)
-	if len(b.readMark) == len(b.DiffRefs)-1 && len(b.Reads) <= math.MaxInt32 {
-		b.readMark = append(b.readMark, int32(len(b.Reads)))
-	} // else Ack does without: it settles the diffs, then the reads
+	b.extend(ref.e)
 }
 
 // pend returns the hits of ref handed to pushes still in flight (always 0
@@ -106,6 +118,7 @@ func (t *Table) worthReading(x, now, cur, size int64, s *slot) bool {
 func (t *Table) addRead(b *Batch, ref Ref, key string) {
 	b.Reads = append(b.Reads, t.id(ref, key))
 	b.ReadRefs = append(b.ReadRefs, ref)
+	b.extend(ref.e)
 }
 
 // Keys appends to dst the keys seen (read or written) in the current or
@@ -321,74 +334,21 @@ func (t *Table) collectSlot(e *Entry, c *collector, w int, x int64, s *slot, new
 }
 
 // Ack settles a successful push of b: its diffs are confirmed and the store's
-// totals become the synced counts. Each entry's diffs are settled before its
-// reads (a read may move the entry to a newer window); entries do not depend
-// on each other. When b was built by addDiff and addRead only, Ack walks the
-// counters in the order they were collected and settles each run of counters
-// of one entry (typically all of it) under one hold of the entry's lock.
+// totals become the synced counts. It goes through b's runs in order, one
+// hold of the entry's lock each, and settles a run's diffs before its reads
+// (a read may move the entry to a newer window); entries do not depend on
+// each other.
 func (t *Table) Ack(b *Batch, res strategy.Result) {
-	nd, nr := len(b.DiffRefs), len(b.ReadRefs)
-	totals, reads := res.Totals[:nd], res.Reads[:nr]
-	if len(b.readMark) != nd {
-		for i := range b.DiffRefs {
-			ref := &b.DiffRefs[i]
-			ref.e.mu.Lock()
-			t.ack(ref, b.Diffs[i].Delta, totals[i])
-			ref.e.mu.Unlock()
+	d, r := 0, 0
+	for _, run := range b.runs {
+		run.e.mu.Lock()
+		for ; d < run.diffs; d++ {
+			t.ack(&b.DiffRefs[d], b.Diffs[d].Delta, res.Totals[d])
 		}
-		for i := range b.ReadRefs {
-			ref := &b.ReadRefs[i]
-			ref.e.mu.Lock()
-			t.setSynced(ref, reads[i])
-			ref.e.mu.Unlock()
+		for ; r < run.reads; r++ {
+			t.setSynced(&b.ReadRefs[r], res.Reads[r])
 		}
-		return
-	}
-	mark := b.readMark
-	for i, j := 0, 0; i < nd || j < nr; {
-		next := nr // the reads collected before diff i
-		if i < nd {
-			next = int(mark[i])
-		}
-		if j < next {
-			// Reads come first: those of one entry, up to diff i.
-			e := b.ReadRefs[j].e
-			k := j + 1
-			for k < next && b.ReadRefs[k].e == e {
-				k++
-			}
-			e.mu.Lock()
-			for ; j < k; j++ {
-				t.setSynced(&b.ReadRefs[j], reads[j])
-			}
-			e.mu.Unlock()
-			continue
-		}
-		// Diff i comes first: the run of e's counters from it is diffs
-		// [i, di) and the reads [j, rj) collected among and after them.
-		e := b.DiffRefs[i].e
-		di, rj := i+1, j
-		for {
-			lim := nr
-			if di < nd {
-				lim = int(mark[di])
-			}
-			for rj < lim && b.ReadRefs[rj].e == e {
-				rj++
-			}
-			if rj < lim || di == nd || b.DiffRefs[di].e != e {
-				break
-			}
-			di++
-		}
-		e.mu.Lock()
-		for ; i < di; i++ {
-			t.ack(&b.DiffRefs[i], b.Diffs[i].Delta, totals[i])
-		}
-		for ; j < rj; j++ {
-			t.setSynced(&b.ReadRefs[j], reads[j])
-		}
-		e.mu.Unlock()
+		run.e.mu.Unlock()
 	}
 }
 
