@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"time"
 
@@ -43,7 +44,7 @@ func MeasureMemory(n int, windows []time.Duration, async bool) (*MemoryResult, e
 		k := keyName(i)
 		for _, w := range windows {
 			if _, err := ns.Increment(ctx, k, w, 1); err != nil {
-				return nil, err
+				return nil, errors.Join(err, reg.Close(ctx))
 			}
 		}
 	}
