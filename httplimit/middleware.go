@@ -352,22 +352,30 @@ func (m *core) writeHeaders(h http.Header, ru *rule, i int, d ratelimit.Decision
 	var buf [96]byte
 	b := append(buf[:0], ru.names[i]...)
 	b = append(b, ";r="...)
+	r0 := len(b)
 	b = strconv.AppendInt(b, min(d.Remaining, maxSFInteger), 10)
+	r1 := len(b)
 	b = append(b, ";t="...)
 	b = strconv.AppendInt(b, min(ceilSeconds(d.Reset), maxSFInteger), 10)
-	// One allocation backs both fields' value slices.
-	vals := &[2]string{ru.policy, string(b)}
-	h["Ratelimit-Policy"], h["Ratelimit"] = vals[0:1:1], vals[1:2:2]
-	if m.legacy {
-		h["X-Ratelimit-Limit"] = []string{ru.maxes[i]}
-		h["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(d.Remaining, 10)}
-		reset := m.clock().Add(d.Reset)
-		sec := reset.Unix()
-		if reset.Nanosecond() > 0 {
-			sec++
-		}
-		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(sec, 10)}
+	rl := string(b)
+	// One allocation backs every field's value slice.
+	if !m.legacy {
+		vals := &[2]string{ru.policy, rl}
+		h["Ratelimit-Policy"], h["Ratelimit"] = vals[0:1:1], vals[1:2:2]
+		return
 	}
+	remaining := rl[r0:r1] // r=, unless it was clamped
+	if d.Remaining > maxSFInteger {
+		remaining = strconv.FormatInt(d.Remaining, 10)
+	}
+	reset := m.clock().Add(d.Reset)
+	sec := reset.Unix()
+	if reset.Nanosecond() > 0 {
+		sec++
+	}
+	vals := &[5]string{ru.policy, rl, ru.maxes[i], remaining, strconv.FormatInt(sec, 10)}
+	h["Ratelimit-Policy"], h["Ratelimit"] = vals[0:1:1], vals[1:2:2]
+	h["X-Ratelimit-Limit"], h["X-Ratelimit-Remaining"], h["X-Ratelimit-Reset"] = vals[2:3:3], vals[3:4:4], vals[4:5:5]
 }
 
 // reject answers 429 with Retry-After and a problem report naming the policy.

@@ -211,6 +211,23 @@ func TestLegacyAndHiddenHeaders(t *testing.T) {
 	require.Equal(t, "45", w.Header().Get("Retry-After"), "a 429 keeps Retry-After")
 }
 
+// TestHugeQuota: structured-field integers stop at 15 digits; the legacy
+// fields carry the true values.
+func TestHugeQuota(t *testing.T) {
+	clk := newClock(epoch)
+	ns, _ := newNS(t, "local", clk)
+	for i, quota := range []int64{1_000_000_000_000_000, ratelimit.MaxValue} {
+		limits := []ratelimit.Limit{{Window: time.Second, Max: quota}}
+		h := mustNew(t, httplimit.Options{Namespace: ns, Limits: limits, LegacyHeaders: true, Clock: clk.Now}, ok)
+		w := get(h, "GET", "/", fmt.Sprintf("192.0.2.%d:1", i+1))
+		require.Equal(t, `"per-second";q=999999999999999;w=1`, w.Header().Get("RateLimit-Policy"))
+		require.Equal(t, `"per-second";r=999999999999999;t=2`, w.Header().Get("RateLimit"))
+		require.Equal(t, strconv.FormatInt(quota, 10), w.Header().Get("X-RateLimit-Limit"))
+		require.Equal(t, strconv.FormatInt(quota-1, 10), w.Header().Get("X-RateLimit-Remaining"))
+		require.Equal(t, strconv.FormatInt(epoch.Add(2*time.Second).Unix(), 10), w.Header().Get("X-RateLimit-Reset"))
+	}
+}
+
 func TestRetryAfterRoundsUpWithJitter(t *testing.T) {
 	clk := newClock(epoch.Add(999 * time.Millisecond))
 	ns, _ := newNS(t, "local", clk)
