@@ -5,8 +5,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,136 +12,35 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/ratesync/ratelimit/internal/faultproxy"
 	"github.com/ratesync/ratelimit/strategy"
 )
 
-// replyDropper is a TCP proxy to Redis that, for the script calls it
-// chooses, forwards the request and then closes both connections as soon as
-// Redis starts answering: Redis ran the script, the client never learns it.
-type replyDropper struct {
-	ln     net.Listener
-	target string
-	drop   func() bool // asked once per forwarded script call
-
-	scripts, drops atomic.Int64
-	down           atomic.Bool // close every connection at once
-
-	mu    sync.Mutex
-	conns map[net.Conn]bool
-	wg    sync.WaitGroup
-}
-
-func newReplyDropper(t *testing.T, target string, drop func() bool) *replyDropper {
+// newProxy starts a faultproxy to target, closed when the test ends.
+func newProxy(t *testing.T, target string) *faultproxy.Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := faultproxy.New(target)
 	require.NoError(t, err)
-	p := &replyDropper{ln: ln, target: target, drop: drop, conns: map[net.Conn]bool{}}
-	p.wg.Go(p.accept)
-	t.Cleanup(p.close)
+	t.Cleanup(func() { require.NoError(t, p.Close()) })
 	return p
 }
 
-func (p *replyDropper) addr() string { return p.ln.Addr().String() }
-
-func (p *replyDropper) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.conns == nil {
-		return false
-	}
-	p.conns[c] = true
-	return true
-}
-
-// setDown starts (true) or ends an outage: while down, every connection is
-// closed as soon as it is accepted; going down closes the open ones.
-func (p *replyDropper) setDown(down bool) {
-	p.down.Store(down)
-	if !down {
-		return
-	}
-	p.mu.Lock()
-	for c := range p.conns {
-		_ = c.Close()
-		delete(p.conns, c)
-	}
-	p.mu.Unlock()
-}
-
-func (p *replyDropper) close() {
-	_ = p.ln.Close()
-	p.mu.Lock()
-	for c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
-	p.mu.Unlock()
-	p.wg.Wait()
-}
-
-func (p *replyDropper) accept() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
+// newScriptDropper starts a proxy to Redis that, for the script calls drop
+// chooses, forwards the request and then cuts both connections as soon as
+// Redis starts answering: Redis ran the script, the client never learns it.
+// drop is asked once per forwarded request with a script call, never
+// concurrently; scripts counts those requests, p.Cuts() the lost replies.
+func newScriptDropper(t *testing.T, target string, drop func() bool) (p *faultproxy.Proxy, scripts *atomic.Int64) {
+	t.Helper()
+	p, scripts = newProxy(t, target), new(atomic.Int64)
+	p.Arm(faultproxy.Cut{Times: -1, Match: func(chunk []byte) bool {
+		if !bytes.Contains(chunk, []byte("\r\nevalsha\r\n")) && !bytes.Contains(chunk, []byte("\r\neval\r\n")) {
+			return false
 		}
-		if p.down.Load() {
-			_ = client.Close()
-			continue
-		}
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = client.Close()
-			continue
-		}
-		if !p.track(client) || !p.track(server) {
-			_ = client.Close()
-			_ = server.Close()
-			return
-		}
-		var dropNext atomic.Bool
-		closeBoth := func() { _ = client.Close(); _ = server.Close() }
-		p.wg.Go(func() { // client -> Redis
-			defer closeBoth()
-			buf := make([]byte, 64<<10)
-			for {
-				n, err := client.Read(buf)
-				if n > 0 {
-					if bytes.Contains(buf[:n], []byte("\r\nevalsha\r\n")) || bytes.Contains(buf[:n], []byte("\r\neval\r\n")) {
-						p.scripts.Add(1)
-						if p.drop() {
-							dropNext.Store(true) // before forwarding: the reply cannot overtake it
-						}
-					}
-					if _, err := server.Write(buf[:n]); err != nil {
-						return
-					}
-				}
-				if err != nil {
-					return
-				}
-			}
-		})
-		p.wg.Go(func() { // Redis -> client
-			defer closeBoth()
-			buf := make([]byte, 64<<10)
-			for {
-				n, err := server.Read(buf)
-				if n > 0 {
-					if dropNext.Load() {
-						p.drops.Add(1)
-						return // Redis answered (so it ran the script): lose the answer
-					}
-					if _, err := client.Write(buf[:n]); err != nil {
-						return
-					}
-				}
-				if err != nil {
-					return
-				}
-			}
-		})
-	}
+		scripts.Add(1)
+		return drop()
+	}})
+	return p, scripts
 }
 
 type lostReplyRun struct {
@@ -155,22 +52,17 @@ type lostReplyRun struct {
 	mismatches  int // successful pushes whose totals were not the expected ones
 }
 
-// runLostReplies pushes random batches through a replyDropper that loses
+// runLostReplies pushes random batches through a script dropper that loses
 // about half of the script replies, re-sending a batch after an error as the
 // core does, until minDrops replies were lost. The client keeps go-redis's
 // default retries, which re-send a script whose reply was lost.
 func runLostReplies(t *testing.T, target string, idempotent, single bool, minDrops int64) lostReplyRun {
 	rng := rand.New(rand.NewPCG(1, 2))
-	var rngMu sync.Mutex
-	proxy := newReplyDropper(t, target, func() bool {
-		rngMu.Lock()
-		defer rngMu.Unlock()
-		return rng.IntN(2) == 0
-	})
+	proxy, scripts := newScriptDropper(t, target, func() bool { return rng.IntN(2) == 0 })
 	// Default MaxRetries (3) and backoff on purpose: the retries that re-send
 	// a script whose reply was lost are what this test is about.
 	c := goredis.NewClient(&goredis.Options{
-		Addr:         proxy.addr(),
+		Addr:         proxy.Addr(),
 		DialTimeout:  testDialTimeout,
 		ReadTimeout:  testReadTimeout,
 		WriteTimeout: testWriteTimeout,
@@ -185,7 +77,7 @@ func runLostReplies(t *testing.T, target string, idempotent, single bool, minDro
 	ns := "lost-replies"
 	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
 	run := lostReplyRun{want: map[string]int64{}, got: map[string]int64{}}
-	for run.pushes = 0; proxy.drops.Load() < minDrops; run.pushes++ {
+	for run.pushes = 0; proxy.Cuts() < minDrops; run.pushes++ {
 		require.Less(t, run.pushes, 20*int(minDrops), "too few replies dropped")
 		b := &strategy.Batch{ID: fmt.Sprintf("lost-%s-%d", s.opts.KeyPrefix, run.pushes), Namespace: ns}
 		if single {
@@ -230,7 +122,7 @@ func runLostReplies(t *testing.T, target string, idempotent, single bool, minDro
 			break
 		}
 	}
-	run.drops, run.scripts = proxy.drops.Load(), proxy.scripts.Load()
+	run.drops, run.scripts = proxy.Cuts(), scripts.Load()
 
 	// Read the totals directly, not through the proxy.
 	direct := newStore(t, realClient(t), s.opts)
@@ -275,13 +167,13 @@ func TestLostReplies(t *testing.T) {
 }
 
 // A proxy that fails the way the tests expect: sanity check of the helper.
-func TestReplyDropperForwards(t *testing.T) {
+func TestScriptDropperForwards(t *testing.T) {
 	noLeaks(t)
 	target := realAddr(t)
-	p := newReplyDropper(t, target, func() bool { return false })
-	c := newClient(t, p.addr())
+	p, scripts := newScriptDropper(t, target, func() bool { return false })
+	c := newClient(t, p.Addr())
 	require.NoError(t, c.Ping(context.Background()).Err())
 	require.NoError(t, c.Eval(context.Background(), "return 1", nil).Err())
-	require.Equal(t, int64(1), p.scripts.Load())
-	require.Zero(t, p.drops.Load())
+	require.Equal(t, int64(1), scripts.Load())
+	require.Zero(t, p.Cuts())
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratesync/ratelimit"
+	"github.com/ratesync/ratelimit/internal/faultproxy"
 	"github.com/ratesync/ratelimit/strategy"
 )
 
@@ -420,8 +421,8 @@ func waitFailedOver(t *testing.T, s *goredis.SentinelClient, master, old string)
 func TestMultiNodeOutage(t *testing.T) {
 	noLeaks(t)
 	target := realAddr(t)
-	proxy := newReplyDropper(t, target, func() bool { return false })
-	clients := []goredis.UniversalClient{newClient(t, proxy.addr()), newClient(t, proxy.addr()), newClient(t, proxy.addr())}
+	proxy := newProxy(t, target)
+	clients := []goredis.UniversalClient{newClient(t, proxy.Addr()), newClient(t, proxy.Addr()), newClient(t, proxy.Addr())}
 	m := newMultiNode(t, clients, multiOptions{})
 	done := make(chan struct{})
 	go func() {
@@ -429,8 +430,10 @@ func TestMultiNodeOutage(t *testing.T) {
 		if !wait(t, m.recs[0].acked, 3, "pushes before the outage") {
 			return
 		}
-		proxy.setDown(true)
-		defer proxy.setDown(false)
+		// Every connection cut, new ones reset as soon as they are accepted.
+		proxy.SetMode(faultproxy.Refuse)
+		proxy.DropAll()
+		defer proxy.SetMode(faultproxy.Forward)
 		// Several failed cycles on every node.
 		for i, r := range m.recs {
 			if !wait(t, r.failed, 3, fmt.Sprintf("failed pushes of node %d", i)) {
