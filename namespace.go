@@ -40,9 +40,9 @@ type Namespace struct {
 	// tables[i/2] holds window size i at index i%2: an entry holds two sizes.
 	tables []*shm.Table
 	sizeMS []int64
-	// sys is the default clock, read without time.Now's cost; nil when
-	// Config.Clock was set.
-	sys *systemClock
+	// nowMS reads the clock in Unix milliseconds: the default clock, which
+	// reads it more cheaply than time.Now, or Config.Clock.
+	nowMS func() int64
 
 	// syncSem serialises sync cycles and fetches: at most one runs at a time.
 	// A channel rather than a mutex, so a caller can stop waiting when its
@@ -71,15 +71,19 @@ type Namespace struct {
 }
 
 func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
-	var sys *systemClock
+	var nowMS func() int64
 	if cfg.Clock == nil {
-		sys = newSystemClock()
+		nowMS = newSystemClock().unixMilli
 	}
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
+	if nowMS == nil {
+		clock := cfg.Clock
+		nowMS = func() int64 { return clock().UnixMilli() }
+	}
 	ns := &Namespace{name: cfg.Namespace, cfg: cfg, store: cfg.Strategy, reg: reg, log: cfg.Logger,
-		sys: sys, trigger: make(chan struct{}, 1)}
+		nowMS: nowMS, trigger: make(chan struct{}, 1)}
 	switch {
 	case cfg.SyncRate < 0:
 		ns.mode, ns.store = modeLocal, nil
@@ -154,12 +158,7 @@ func (ns *Namespace) WindowSizes() []time.Duration {
 }
 
 // now returns the clock's time in Unix milliseconds.
-func (ns *Namespace) now() int64 {
-	if ns.sys != nil {
-		return ns.sys.unixMilli()
-	}
-	return ns.cfg.Clock().UnixMilli()
-}
+func (ns *Namespace) now() int64 { return ns.nowMS() }
 
 // check validates a call's common arguments and returns the table and index
 // of window, and the key to store (hashed when too long).
