@@ -385,14 +385,12 @@ func (m *core) reject(w http.ResponseWriter, ru *rule, i int, d ratelimit.Decisi
 		wait += rand.N(m.jitter + 1)
 	}
 	secs := max(ceilSeconds(wait), 1) // 0 would invite an immediate retry storm
-	w.Header()["Retry-After"] = []string{strconv.FormatInt(secs, 10)}
 	l := d.Limit
 	detail := fmt.Sprintf("Rate limit %q exceeded: at most %d per %v. Retry in %d s.", l.PolicyName(), l.Max, l.Window, secs)
 	m.problem(w, http.StatusTooManyRequests, detail, &l, secs)
 }
 
 func (m *core) unavailable(w http.ResponseWriter) {
-	w.Header()["Retry-After"] = []string{"1"}
 	m.problem(w, http.StatusServiceUnavailable, "The rate limiter cannot reach its store and this route fails closed.", nil, 1)
 }
 
@@ -409,16 +407,21 @@ type problem struct {
 	RetryAfter int64  `json:"retry_after,omitempty"`
 }
 
+// problem answers status with a problem report, and a positive retry (seconds)
+// as Retry-After too.
 func (m *core) problem(w http.ResponseWriter, status int, detail string, l *ratelimit.Limit, retry int64) {
 	p := problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail, RetryAfter: retry}
 	if l != nil {
 		p.Policy, p.Limit, p.Window = l.PolicyName(), l.Max, windowSeconds(l.Window)
 	}
 	body, _ := json.Marshal(p) // cannot fail: strings and integers
+	// One allocation backs every field's value slice.
+	vals := &[4]string{"application/problem+json", strconv.Itoa(len(body) + 1), "nosniff", strconv.FormatInt(retry, 10)}
 	h := w.Header()
-	h["Content-Type"] = []string{"application/problem+json"}
-	h["Content-Length"] = []string{strconv.Itoa(len(body) + 1)}
-	h["X-Content-Type-Options"] = []string{"nosniff"}
+	h["Content-Type"], h["Content-Length"], h["X-Content-Type-Options"] = vals[0:1:1], vals[1:2:2], vals[2:3:3]
+	if retry > 0 {
+		h["Retry-After"] = vals[3:4:4]
+	}
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
 }
