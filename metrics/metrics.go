@@ -22,12 +22,11 @@ import (
 type Collector struct {
 	mu     sync.Mutex
 	spaces []*ratelimit.Namespace
-	now    func() time.Time
 }
 
 // NewCollector returns a Collector over the given namespaces.
 func NewCollector(spaces ...*ratelimit.Namespace) *Collector {
-	return &Collector{spaces: append([]*ratelimit.Namespace(nil), spaces...), now: time.Now}
+	return &Collector{spaces: append([]*ratelimit.Namespace(nil), spaces...)}
 }
 
 // Add starts collecting ns.
@@ -80,7 +79,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	spaces := append([]*ratelimit.Namespace(nil), c.spaces...)
 	c.mu.Unlock()
-	now := c.now()
+	now := time.Now()
 	for _, ns := range spaces {
 		st := ns.Stats()
 		name := ns.Name()
