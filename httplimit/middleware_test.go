@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -414,29 +415,28 @@ func TestNewValidation(t *testing.T) {
 	}
 }
 
-// syncLog collects log lines.
-type syncLog struct {
-	mu  chan struct{}
+// logBuffer collects log lines, safe for concurrent use.
+type logBuffer struct {
+	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func newLog() (*slog.Logger, func() string) {
-	l := &syncLog{mu: make(chan struct{}, 1)}
-	lg := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
-		l.mu <- struct{}{}
-		defer func() { <-l.mu }()
-		return l.buf.Write(p)
-	}), nil))
-	return lg, func() string {
-		l.mu <- struct{}{}
-		defer func() { <-l.mu }()
-		return l.buf.String()
-	}
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
 }
 
-type writerFunc func([]byte) (int, error)
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
 
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+func newLog() (*slog.Logger, func() string) {
+	l := &logBuffer{}
+	return slog.New(slog.NewTextHandler(l, nil)), l.String
+}
 
 func TestStoreFailure(t *testing.T) {
 	clk := newClock(epoch)
