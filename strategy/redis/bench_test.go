@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -24,7 +25,7 @@ func benchClient(b *testing.B) *goredis.Client {
 	if testing.Short() {
 		b.Skip("short")
 	}
-	addr := getenv(envRedis)
+	addr := os.Getenv(envRedis)
 	if addr == "" {
 		b.Skipf("%s is not set", envRedis)
 	}
@@ -54,16 +55,11 @@ func BenchmarkPushDiffs100kCluster(b *testing.B) {
 	if testing.Short() {
 		b.Skip("short")
 	}
-	addrs := getenv(envCluster)
+	addrs := os.Getenv(envCluster)
 	if addrs == "" {
 		b.Skipf("%s is not set", envCluster)
 	}
-	c := goredis.NewClusterClient(&goredis.ClusterOptions{
-		Addrs: strings.Split(addrs, ","), MaxRedirects: 8, MaxRetries: testMaxRetries,
-		MinRetryBackoff: testMinRetryBackoff, MaxRetryBackoff: testMaxRetryBackoff,
-		DialTimeout: testDialTimeout, ReadTimeout: testReadTimeout, WriteTimeout: testWriteTimeout,
-		PoolTimeout: testPoolTimeout, ContextTimeoutEnabled: true,
-	})
+	c := goredis.NewClusterClient(clusterOptions(strings.Split(addrs, ",")))
 	b.Cleanup(func() { _ = c.Close() })
 	benchPush100k(b, c)
 }

@@ -112,11 +112,9 @@ func clusterAddrs(t testing.TB) []string {
 	return strings.Split(v, ",")
 }
 
-// clusterClient returns a client to the real Redis Cluster, or skips (or fails) t.
-func clusterClient(t testing.TB) *goredis.ClusterClient {
-	t.Helper()
-	c := goredis.NewClusterClient(&goredis.ClusterOptions{
-		Addrs:                 clusterAddrs(t),
+func clusterOptions(addrs []string) *goredis.ClusterOptions {
+	return &goredis.ClusterOptions{
+		Addrs:                 addrs,
 		MaxRedirects:          8,
 		MaxRetries:            testMaxRetries,
 		MinRetryBackoff:       testMinRetryBackoff,
@@ -128,7 +126,13 @@ func clusterClient(t testing.TB) *goredis.ClusterClient {
 		WriteTimeout:          testWriteTimeout,
 		PoolTimeout:           testPoolTimeout,
 		ContextTimeoutEnabled: true,
-	})
+	}
+}
+
+// clusterClient returns a client to the real Redis Cluster, or skips (or fails) t.
+func clusterClient(t testing.TB) *goredis.ClusterClient {
+	t.Helper()
+	c := goredis.NewClusterClient(clusterOptions(clusterAddrs(t)))
 	t.Cleanup(func() { _ = c.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -187,8 +191,6 @@ func newStore(t testing.TB, c goredis.UniversalClient, opts Options) *Store {
 	require.NoError(t, err)
 	return s
 }
-
-func getenv(k string) string { return os.Getenv(k) }
 
 type quietLogger struct{}
 

@@ -365,10 +365,7 @@ func failover(t *testing.T, waitReplicas int) failoverRun {
 // sentinelFor returns a client to the Sentinel itself, or skips (or fails) t.
 func sentinelFor(t *testing.T) *goredis.SentinelClient {
 	addr, _ := sentinelConfig(t)
-	s := goredis.NewSentinelClient(&goredis.Options{Addr: addr, MaxRetries: testMaxRetries,
-		MinRetryBackoff: testMinRetryBackoff, MaxRetryBackoff: testMaxRetryBackoff, DialTimeout: testDialTimeout,
-		DialerRetries: 2, DialerRetryTimeout: 50 * time.Millisecond, ContextTimeoutEnabled: true,
-		ReadTimeout: testReadTimeout, WriteTimeout: testWriteTimeout, PoolTimeout: testPoolTimeout})
+	s := goredis.NewSentinelClient(clientOptions(addr))
 	t.Cleanup(func() { _ = s.Close() })
 	return s
 }

@@ -452,11 +452,8 @@ func TestErrorClassification(t *testing.T) {
 
 	t.Run("ReadOnlyReplica", func(t *testing.T) {
 		noLeaks(t)
-		addr, master := sentinelConfig(t)
-		sc := goredis.NewSentinelClient(&goredis.Options{Addr: addr, MaxRetries: testMaxRetries,
-			DialTimeout: testDialTimeout, ReadTimeout: testReadTimeout, WriteTimeout: testWriteTimeout,
-			PoolTimeout: testPoolTimeout, MinRetryBackoff: testMinRetryBackoff, MaxRetryBackoff: testMaxRetryBackoff})
-		defer sc.Close()
+		_, master := sentinelConfig(t)
+		sc := sentinelFor(t)
 		// After a failover Sentinel may list the old primary before it has
 		// been turned into a replica: wait until one reports the role.
 		var r *goredis.Client
