@@ -20,8 +20,8 @@ func FuzzKeyLayout(f *testing.F) {
 	for _, ns := range []string{"", "api", "a{b}", "}{", "%7B", "a.1", "{", "100%"} {
 		f.Add(ns, "key")
 	}
-	s := &Store{opts: Options{KeyPrefix: "rl", Shards: 8}}
 	f.Fuzz(func(t *testing.T, ns, key string) {
+		s := &Store{opts: Options{KeyPrefix: "rl", Shards: 8}} // a fresh prefix cache per input
 		esc := escapeNamespace(ns)
 		if strings.ContainsAny(esc, "{}") {
 			t.Fatalf("escaped namespace %q has a brace", esc)
@@ -33,8 +33,7 @@ func FuzzKeyLayout(f *testing.F) {
 		if shard < 0 || shard >= 8 {
 			t.Fatalf("shard %d out of range", shard)
 		}
-		prefix := "rl:{" + esc + "." + strconv.Itoa(shard) + "}:"
-		name := hashKey(prefix, time.Minute, -60_000)
+		name := hashKey(s.shardPrefixes(ns)[shard], time.Minute, -60_000)
 		open := strings.IndexByte(name, '{')
 		end := strings.IndexByte(name[open+1:], '}')
 		if tag := name[open+1 : open+1+end]; tag != esc+"."+strconv.Itoa(shard) {
