@@ -294,10 +294,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		kr = &c
 	}
 	key, err := ru.keyFunc(kr)
-	if err == nil && (key == "" || strings.IndexByte(key, 0) >= 0) {
-		err = fmt.Errorf("%w: empty key or key with a NUL byte", ErrNoKey)
-	}
-	if err != nil {
+	if err != nil || key == "" || strings.IndexByte(key, 0) >= 0 {
 		m.problem(w, m.keyStatus, "the request carries no usable rate-limit key", nil, 0)
 		return
 	}
