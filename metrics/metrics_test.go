@@ -70,15 +70,10 @@ ratelimit_evictions_total{namespace="api"} ` + strconv.FormatInt(st.Evictions, 1
 	require.Zero(t, testutil.CollectAndCount(c))
 	c.Add(ns)
 	require.Equal(t, 1, testutil.CollectAndCount(c, "ratelimit_last_sync_age_seconds"))
-	require.Equal(t, 1.0, testutil.ToFloat64(collectorFor(t, c, "ratelimit_syncs_total")))
+	require.Equal(t, 1.0, testutil.ToFloat64(filtered{c, "ratelimit_syncs_total"}))
 }
 
-// collectorFor narrows c to one metric, for testutil.ToFloat64.
-func collectorFor(t *testing.T, c prometheus.Collector, name string) prometheus.Collector {
-	t.Helper()
-	return filtered{c, name}
-}
-
+// filtered narrows a collector to one metric, for testutil.ToFloat64.
 type filtered struct {
 	prometheus.Collector
 	name string
