@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratesync/ratelimit/strategy"
@@ -31,7 +32,7 @@ func TestCombinedPushes(t *testing.T) {
 				res, err := s.PushDiffs(context.Background(), &strategy.Batch{ID: fmt.Sprintf("c-%d-%d", w, i), Namespace: "comb",
 					Diffs: []strategy.Diff{diff("hot", time.Minute, base, 1)},
 					Reads: []strategy.CounterID{{Key: "hot", Size: time.Minute, Start: base - 60_000}}})
-				if !assertNoError(t, err) {
+				if !assert.NoError(t, err) {
 					return
 				}
 				mu.Lock()
@@ -47,15 +48,6 @@ func TestCombinedPushes(t *testing.T) {
 		require.Equal(t, int64(i+1), n, "every push saw its own total")
 	}
 	t.Logf("%d pushes, %d combined pipelines", workers*each, s.combiner.pipelines.Load())
-}
-
-func assertNoError(t *testing.T, err error) bool {
-	t.Helper()
-	if err != nil {
-		t.Error(err)
-		return false
-	}
-	return true
 }
 
 // A caller that gives up while queued was never sent: "not applied".

@@ -112,16 +112,16 @@ const (
 	multiNS     = "multi"
 )
 
-// newMultiNode starts one registry per client, all sharing counters through
-// Redis (one Store per client, one key prefix), syncing every 50 ms. Their
-// clock starts a minute into an hour window, so the test never crosses a
-// window boundary and the sliding rate is the current window's count.
 // multiOptions vary the nodes of a multi-node test.
 type multiOptions struct {
 	scope ratelimit.FetchScope
 	store Options // KeyPrefix is set by newMultiNode
 }
 
+// newMultiNode starts one registry per client, all sharing counters through
+// Redis (one Store per client, one key prefix), syncing every 50 ms. Their
+// clock starts a minute into an hour window, so the test never crosses a
+// window boundary and the sliding rate is the current window's count.
 func newMultiNode(t *testing.T, clients []goredis.UniversalClient, opts multiOptions) *multiNode {
 	start := time.Now()
 	origin := time.UnixMilli(strategy.WindowStart(start.UnixMilli(), multiWindow)).Add(time.Minute)
