@@ -109,34 +109,30 @@ func (o Options) withDefaults() (Options, error) {
 	case o.Shards == 0:
 		o.Shards = DefaultShards
 	}
-	switch {
-	case o.BatchSize < 0:
-		return o, fmt.Errorf("redis: Options.BatchSize %d is negative", o.BatchSize)
-	case o.BatchSize == 0:
-		o.BatchSize = DefaultBatchSize
-	}
-	switch {
-	case o.ExpiryMargin < 0:
-		return o, fmt.Errorf("redis: Options.ExpiryMargin %v is negative", o.ExpiryMargin)
-	case o.ExpiryMargin == 0:
-		o.ExpiryMargin = DefaultExpiryMargin
-	}
-	switch {
-	case o.BatchIDTTL < 0:
-		return o, fmt.Errorf("redis: Options.BatchIDTTL %v is negative", o.BatchIDTTL)
-	case o.BatchIDTTL == 0:
-		o.BatchIDTTL = DefaultBatchIDTTL
-	}
-	if o.WaitReplicas < 0 {
-		return o, fmt.Errorf("redis: Options.WaitReplicas %d is negative", o.WaitReplicas)
-	}
-	switch {
-	case o.WaitTimeout < 0:
-		return o, fmt.Errorf("redis: Options.WaitTimeout %v is negative", o.WaitTimeout)
-	case o.WaitTimeout == 0:
-		o.WaitTimeout = DefaultWaitTimeout
+	for _, err := range []error{
+		orDefault("BatchSize", &o.BatchSize, DefaultBatchSize),
+		orDefault("ExpiryMargin", &o.ExpiryMargin, DefaultExpiryMargin),
+		orDefault("BatchIDTTL", &o.BatchIDTTL, DefaultBatchIDTTL),
+		orDefault("WaitReplicas", &o.WaitReplicas, 0),
+		orDefault("WaitTimeout", &o.WaitTimeout, DefaultWaitTimeout),
+	} {
+		if err != nil {
+			return o, err
+		}
 	}
 	return o, nil
+}
+
+// orDefault sets *v to def when it is zero; a negative *v is an error that
+// names field.
+func orDefault[T int | time.Duration](field string, v *T, def T) error {
+	if *v < 0 {
+		return fmt.Errorf("redis: Options.%s %v is negative", field, *v)
+	}
+	if *v == 0 {
+		*v = def
+	}
+	return nil
 }
 
 // rediser is the part of goredis.UniversalClient the Store uses.
