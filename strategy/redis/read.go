@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"slices"
 	"strconv"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -36,7 +37,7 @@ func (s *Store) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2[str
 			}
 			cur := strategy.WindowStart(q.Now, size)
 			for _, w := range [2]window{{size, cur}, {size, cur - size.Milliseconds()}} {
-				if !containsWindow(windows, w) {
+				if !slices.Contains(windows, w) {
 					windows = append(windows, w)
 				}
 			}
@@ -54,15 +55,6 @@ func (s *Store) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2[str
 }
 
 var errStopped = errors.New("redis: iteration stopped")
-
-func containsWindow(ws []window, w window) bool {
-	for _, x := range ws {
-		if x == w {
-			return true
-		}
-	}
-	return false
-}
 
 type hashRef struct {
 	shard int
