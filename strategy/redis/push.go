@@ -95,10 +95,10 @@ type part struct {
 	windows       []partWindow
 	counters      int
 
-	cmds []*goredis.Cmd      // the script call (one), or nil
-	gets []*goredis.SliceCmd // HMGETs of a read-only part, one per window
-	args []any               // the script call's arguments, kept for a NOSCRIPT re-send
-	err  error
+	script *goredis.Cmd        // the script call of a writing part
+	gets   []*goredis.SliceCmd // HMGETs of a read-only part, one per window
+	args   []any               // the script call's arguments, kept for a NOSCRIPT re-send
+	err    error
 }
 
 func (p *part) window(w window) *partWindow {
@@ -267,7 +267,7 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 		prefix := prefixes[p.shard]
 		if p.chunks > 0 {
 			p.args = s.scriptArgs(b, batchID, prefix, p)
-			p.cmds = []*goredis.Cmd{goredis.NewCmd(ctx, p.args...)}
+			p.script = goredis.NewCmd(ctx, p.args...)
 			continue
 		}
 		for _, w := range p.windows {
@@ -284,11 +284,11 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 	}
 	s.exec(ctx, parts)
 	for i := range parts {
-		if p := &parts[i]; p.chunks > 0 && p.err == nil && isNoScript(p.cmds[0].Err()) {
+		if p := &parts[i]; p.chunks > 0 && p.err == nil && isNoScript(p.script.Err()) {
 			// NOSCRIPT: the script did not run. Send it again with its source,
 			// which also caches it for the next EVALSHA.
 			args := append([]any{"eval", pushScript}, p.args[2:]...)
-			p.cmds[0] = goredis.NewCmd(ctx, args...)
+			p.script = goredis.NewCmd(ctx, args...)
 			p.err = errRetry
 		}
 	}
@@ -315,12 +315,11 @@ func (s *Store) exec(ctx context.Context, parts []part, only ...error) {
 	if len(sel) == 0 {
 		return
 	}
-	if len(sel) == 1 && len(parts[sel[0]].cmds)+len(parts[sel[0]].gets) == 1 {
+	if p := &parts[sel[0]]; len(sel) == 1 && (p.script != nil || len(p.gets) == 1) {
 		// One command: no pipeline needed.
-		p := &parts[sel[0]]
 		p.err = nil
-		if len(p.cmds) == 1 {
-			s.combiner.do(ctx, s.send, p.cmds[0])
+		if p.script != nil {
+			s.combiner.do(ctx, s.send, p.script)
 		} else {
 			s.combiner.do(ctx, s.send, p.gets[0])
 		}
@@ -353,8 +352,8 @@ func (s *Store) exec(ctx context.Context, parts []part, only ...error) {
 		for _, i := range group {
 			p := &parts[i]
 			p.err = nil
-			for _, c := range p.cmds {
-				cmds = append(cmds, c)
+			if p.script != nil {
+				cmds = append(cmds, p.script)
 			}
 			for _, c := range p.gets {
 				cmds = append(cmds, c)
@@ -427,10 +426,8 @@ func isScript(c goredis.Cmder) bool { n := c.Name(); return n == "evalsha" || n 
 
 // cmdErr is the first error of the part's commands.
 func (p *part) cmdErr() error {
-	for _, c := range p.cmds {
-		if err := c.Err(); err != nil {
-			return err
-		}
+	if p.script != nil {
+		return p.script.Err()
 	}
 	for _, c := range p.gets {
 		if err := c.Err(); err != nil {
@@ -489,7 +486,7 @@ func (s *Store) collect(b *strategy.Batch, parts []part) (strategy.Result, error
 // fill copies the part's replies into res.
 func (p *part) fill(res *strategy.Result) error {
 	if p.chunks > 0 {
-		vals, err := p.cmds[0].Slice()
+		vals, err := p.script.Slice()
 		if err != nil {
 			return err
 		}

@@ -490,14 +490,14 @@ func TestErrorClassification(t *testing.T) {
 		w := partWindow{window: window{time.Minute, base}, diffs: []int32{0}}
 		w2 := partWindow{window: window{time.Minute, base}, diffs: []int32{1}}
 		parts := []part{
-			{chunks: 1, windows: []partWindow{w}, counters: 1, cmds: []*goredis.Cmd{ok}},
-			{chunks: 1, windows: []partWindow{w2}, counters: 1, cmds: []*goredis.Cmd{refused}},
+			{chunks: 1, windows: []partWindow{w}, counters: 1, script: ok},
+			{chunks: 1, windows: []partWindow{w2}, counters: 1, script: refused},
 		}
 		b := &strategy.Batch{Diffs: []strategy.Diff{diff("a", time.Minute, base, 1), diff("b", time.Minute, base, 1)}}
 		_, err := s.collect(b, parts)
 		require.Error(t, err)
 		require.NotErrorIs(t, err, strategy.ErrNotApplied)
-		parts[0].cmds[0] = refused
+		parts[0].script = refused
 		_, err = s.collect(b, parts)
 		require.ErrorIs(t, err, strategy.ErrNotApplied)
 	})
