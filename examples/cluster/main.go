@@ -27,6 +27,9 @@ func main() {
 }
 
 func run(nodes, hits int, syncRate time.Duration) error {
+	if nodes < 1 || hits < 4 {
+		return fmt.Errorf("need at least 1 node and 4 hits, got -nodes %d -hits %d", nodes, hits)
+	}
 	ctx := context.Background()
 	store := memory.New() // one store shared by every node: the "cluster"
 	var spaces []*ratelimit.Namespace
