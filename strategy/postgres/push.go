@@ -67,31 +67,31 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 	diffParts := (p.diffs.len() + n - 1) / n
 	parts := max(diffParts, (p.reads.len()+n-1)/n)
 	type outcome struct {
-		done, maybeApplied bool
-		err                error
+		maybeApplied bool
+		err          error
 	}
 	out := make([]outcome, parts)
 	var failed atomic.Bool
+	batchID := encodeText(b.ID)
 	run := func(i int) {
 		if failed.Load() {
 			return // not sent: the batch fails anyway, and a re-send completes it
 		}
 		dlo, dhi := min(i*n, p.diffs.len()), min((i+1)*n, p.diffs.len())
 		rlo, rhi := min(i*n, p.reads.len()), min((i+1)*n, p.reads.len())
-		id := encodeText(b.ID)
+		id := batchID
 		if diffParts > 1 {
 			// Deterministic for a given batch, so a re-sent batch skips the
 			// parts already applied and completes the others.
 			id += "#" + strconv.Itoa(i) + "/" + strconv.Itoa(diffParts)
 		}
 		o := &out[i]
-		o.maybeApplied, o.err = s.pushPart(ctx, p.ns, id, b.ID != "", p, dlo, dhi, rlo, rhi, &res)
-		o.done = o.err == nil
-		if o.err != nil {
+		o.maybeApplied, o.err = s.pushPart(ctx, id, b.ID != "", p, dlo, dhi, rlo, rhi, &res)
+		switch {
+		case o.err != nil:
 			failed.Store(true)
-		}
-		if dhi > dlo && o.done {
-			o.maybeApplied = true
+		case dhi > dlo:
+			o.maybeApplied = true // applied
 		}
 	}
 	if workers := min(s.opts.PushConcurrency, parts); workers <= 1 {
@@ -211,7 +211,7 @@ func compareID(a, b *strategy.CounterID) int {
 // pushPart sends diffs rows [dlo, dhi) and reads rows [rlo, rhi) as one
 // statement, re-sending it up to MaxRetries times when that can help. It
 // reports whether the part may have been applied despite an error.
-func (s *Store) pushPart(ctx context.Context, ns, id string, hasID bool, p *plan, dlo, dhi, rlo, rhi int, res *strategy.Result) (maybeApplied bool, err error) {
+func (s *Store) pushPart(ctx context.Context, id string, hasID bool, p *plan, dlo, dhi, rlo, rhi int, res *strategy.Result) (maybeApplied bool, err error) {
 	diffs, reads := p.diffs.slice(dlo, dhi), p.reads.slice(rlo, rhi)
 	var expires int64
 	for i := range diffs.len() {
@@ -220,7 +220,7 @@ func (s *Store) pushPart(ctx context.Context, ns, id string, hasID bool, p *plan
 	expires += s.opts.BatchIDRetention.Milliseconds()
 
 	for attempt := 0; ; attempt++ {
-		err = s.execPart(ctx, ns, id, hasID, expires, diffs, reads, func(isRead bool, ord int, count int64) {
+		err = s.execPart(ctx, p.ns, id, hasID, expires, diffs, reads, func(isRead bool, ord int, count int64) {
 			if isRead {
 				res.Reads[p.readIdx[rlo+ord]] = count
 				return
