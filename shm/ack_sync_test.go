@@ -108,18 +108,20 @@ func TestAckGroupedMatchesPlain(t *testing.T) {
 // ackPlain is the reference for Ack: every diff of b, then every read, one
 // lock hold per counter.
 func ackPlain(t *Table, b *Batch, res strategy.Result) {
-	for i := range b.DiffRefs {
-		ref := &b.DiffRefs[i]
+	for i := range b.diffRefs {
+		ref := &b.diffRefs[i]
 		ref.e.mu.Lock()
 		t.ack(ref, b.Diffs[i].Delta, res.Totals[i])
 		ref.e.mu.Unlock()
 	}
-	for i := range b.ReadRefs {
-		ref := &b.ReadRefs[i]
+	for i := range b.readRefs {
+		ref := &b.readRefs[i]
 		ref.e.mu.Lock()
 		t.setSynced(ref, res.Reads[i])
 		ref.e.mu.Unlock()
 	}
+	t.settleFlags(b)
+	t.settled(b)
 }
 
 // viewOf returns the table's view of key without creating or moving anything.

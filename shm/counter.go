@@ -2,6 +2,8 @@ package shm
 
 import (
 	"hash/maphash"
+
+	"github.com/ratesync/ratelimit/internal/floor"
 )
 
 // lock returns key's entry with its shard locked: read-locked when the entry
@@ -10,7 +12,7 @@ import (
 // An entry found existing is marked used for the eviction hand; a new one is
 // not, so keys seen once (a flood of one-hit keys) are evicted before keys
 // seen again, which the hand spares for one more lap.
-func (t *Table) lock(key string, now int64) (s *shard, e *Entry, excl bool) {
+func (t *Table) lock(key string, now int64) (s *shard, e *entry, excl bool) {
 	h := maphash.String(t.seed, key)
 	s = t.shardOf(h)
 	s.mu.RLock()
@@ -29,14 +31,14 @@ func (t *Table) lock(key string, now int64) (s *shard, e *Entry, excl bool) {
 }
 
 // markUsed sets the entry's reference bit for the eviction hand.
-func (e *Entry) markUsed() {
+func (e *entry) markUsed() {
 	if e.flags.Load()&flagRef == 0 {
 		e.flags.Or(flagRef)
 	}
 }
 
 // lookup returns key's entry read-locked, or nil with nothing locked.
-func (t *Table) lookup(key string) (*shard, *Entry) {
+func (t *Table) lookup(key string) (*shard, *entry) {
 	h := maphash.String(t.seed, key)
 	s := t.shardOf(h)
 	s.mu.RLock()
@@ -61,7 +63,7 @@ func (s *shard) unlock(excl bool) {
 // behind the newest window counts in the newest one, so a clock jumping back
 // never lets a key gain (the caller's weight for an instant before the window
 // is 1). One division on the common path.
-func (t *Table) window(e *Entry, w int, now int64) (int64, int) {
+func (t *Table) window(e *entry, w int, now int64) (int64, int) {
 	p := &e.w[w]
 	x, par := t.windowOf(w, now)
 	lat := p.latest.Load()
@@ -89,10 +91,7 @@ func (t *Table) windowOf(w int, now int64) (int64, int) {
 	if x := q * size; now >= x && now < x+size {
 		return x, int(q & 1)
 	}
-	q = now / size
-	if now%size < 0 {
-		q--
-	}
+	q = floor.Div(now, size)
 	t.lastQ[w].Store(q)
 	return q * size, int(q & 1)
 }
@@ -100,7 +99,7 @@ func (t *Table) windowOf(w int, now int64) (int64, int) {
 // touch marks e used since the last Collect when tracking, and puts it on its
 // shard's active list if it is not there yet: the next Collect pushes its hits
 // and reads its windows, and so does the one after (see Collect).
-func (t *Table) touch(s *shard, e *Entry) {
+func (t *Table) touch(s *shard, e *entry) {
 	if !t.track || t.walk {
 		return
 	}
@@ -151,7 +150,7 @@ func (t *Table) Add(key string, w int, now, v int64) View {
 	s, e, excl := t.lock(key, now)
 	x, par := t.window(e, w, now)
 	p := &e.w[w]
-	p.slot[par].local.Add(v)
+	p.slot[par].add(v)
 	t.touch(s, e)
 	size := t.sizeMS[w]
 	vw := View{Start: x, Cur: p.viewAt(x, size, par), Prev: p.viewAt(x-size, size, par^1)}
@@ -185,10 +184,10 @@ func (t *Table) AddPending(key string, w int, now, v int64, b *Batch) View {
 	if _, ok := p.held(x, size); !ok {
 		x = p.latest.Load() // rotated past x since window(): count in the newest
 	}
-	p.slot[parity(x, size)].local.Add(v)
-	t.addDiff(b, Ref{e: e, w: uint8(w), start: x}, e.key, v)
+	p.slot[parity(x, size)].add(v)
+	t.addDiff(b, counterRef{e: e, w: uint8(w), start: x}, e.key, v)
 	e.mu.Unlock()
-	t.addRead(b, Ref{e: e, w: uint8(w), start: x - size}, e.key)
+	t.addRead(b, counterRef{e: e, w: uint8(w), start: x - size}, e.key)
 	t.touch(s, e)
 	vw := View{Start: x, Cur: p.view(x, size), Prev: p.view(x-size, size)}
 	s.unlock(excl)
@@ -200,8 +199,8 @@ func (t *Table) AddPending(key string, w int, now, v int64, b *Batch) View {
 func (t *Table) PeekReads(key string, w int, now int64, b *Batch) {
 	s, e, excl := t.lock(key, now)
 	x, _ := t.window(e, w, now)
-	t.addRead(b, Ref{e: e, w: uint8(w), start: x}, e.key)
-	t.addRead(b, Ref{e: e, w: uint8(w), start: x - t.sizeMS[w]}, e.key)
+	t.addRead(b, counterRef{e: e, w: uint8(w), start: x}, e.key)
+	t.addRead(b, counterRef{e: e, w: uint8(w), start: x - t.sizeMS[w]}, e.key)
 	s.unlock(excl)
 }
 
@@ -211,9 +210,17 @@ func (t *Table) PeekReads(key string, w int, now int64, b *Batch) {
 // serves both sizes, which is what a check against several limits needs.
 // Unused indexes get a zero View.
 func (t *Table) AddWindows(key string, now int64, mask uint8, v [2]int64, peek bool) [2]View {
+	s, e, excl := t.lock(key, now)
+	out := t.addWindows(e, now, mask, v, peek)
+	t.touch(s, e)
+	s.unlock(excl)
+	return out
+}
+
+// addWindows is AddWindows on the entry e, with its shard locked.
+func (t *Table) addWindows(e *entry, now int64, mask uint8, v [2]int64, peek bool) [2]View {
 	var out [2]View
 	var pars [2]int
-	s, e, excl := t.lock(key, now)
 	// Find every window before counting in any: the atomic adds are full
 	// barriers, so reading both sizes' windows first lets the CPU fetch
 	// their cache lines in parallel rather than one after the other.
@@ -228,12 +235,10 @@ func (t *Table) AddWindows(key string, now int64, mask uint8, v [2]int64, peek b
 		}
 		x, par, p := out[w].Start, pars[w], &e.w[w]
 		if !peek {
-			p.slot[par].local.Add(v[w])
+			p.slot[par].add(v[w])
 		}
 		size := t.sizeMS[w]
 		out[w].Cur, out[w].Prev = p.viewAt(x, size, par), p.viewAt(x-size, size, par^1)
 	}
-	t.touch(s, e)
-	s.unlock(excl)
 	return out
 }

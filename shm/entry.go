@@ -15,25 +15,90 @@ const noWindow = math.MinInt64
 // total for the window; it reads as 0.
 const unknown = math.MinInt64
 
-// Entry flag bits.
+// entry flag bits.
 const (
 	flagUsed   uint32 = 1 << iota // used (read or written) since the last Collect
 	flagListed                    // on its shard's active list, for the next Collect
 	flagRef                       // used since the eviction hand last passed
 	flagDead                      // removed from the table; its data was retired
+	// flagInFlight (without WriteThrough): some window of the entry is in a
+	// push not settled yet (there is one such push at a time).
+	flagInFlight
 )
+
+// The flags' upper bits record which windows of the entry the current watch
+// cycle pushed a diff for (see Table.Watches): their totals came back with
+// the push, so a full read in the same cycle need not read them again. Bits
+// markShift.. are one bit per window slot (size index × 2 + parity), bits
+// cycleShift.. the cycle's number, modulo 2^20.
+const (
+	markShift  = 8
+	cycleShift = 12
+	markBits   = uint32(0xf) << markShift
+)
+
+// markDiff records that the current cycle pushes a diff for the window slot
+// bit of e.
+func (e *entry) markDiff(cycle uint32, bit uint32) {
+	for {
+		f := e.flags.Load()
+		mark := f & markBits
+		if f>>cycleShift != cycle {
+			mark = 0
+		}
+		n := f&(1<<markShift-1) | mark | bit<<markShift | cycle<<cycleShift
+		if n == f || e.flags.CompareAndSwap(f, n) {
+			return
+		}
+	}
+}
+
+// diffed reports whether the cycle pushed a diff for e's window slot bit.
+func (e *entry) diffed(cycle uint32, bit uint32) bool {
+	f := e.flags.Load()
+	return f>>cycleShift == cycle && f&(bit<<markShift) != 0
+}
 
 // slot is one window's counts on this node.
 //
-//   - local: every hit counted here in the window;
-//   - acked: the part of local the store has confirmed (and so included in synced);
-//   - synced: the store's cluster-wide total, as last learned.
+//   - local: the hits counted here in the window that the store has not
+//     confirmed yet (waiting for a push, or in one);
+//   - synced: the store's cluster-wide total, as last learned, which includes
+//     every hit of this node it confirmed.
 //
-// The node's view of the window is synced + local - acked.
+// The node's view of the window is synced + local. When a push is confirmed,
+// the store's total (which now has the pushed hits) becomes synced first,
+// then the pushed hits leave local: in between, a reader counts them twice,
+// never zero times.
 type slot struct {
 	local  atomic.Int64
-	acked  atomic.Int64
 	synced atomic.Int64
+}
+
+// maxLocal bounds the magnitude of a window's count on one node: an addition
+// that takes it further saturates at ±maxLocal instead of wrapping around
+// (1,024 additions of 2^53 would otherwise wrap to a large negative count,
+// and a limit would then admit everything). With a store that saturates its
+// totals at ±strategy.MaxTotal, a node's view of a window never overflows.
+const maxLocal = 1 << 60
+
+// add adds v to the local count, saturating at ±maxLocal. The common case is
+// one atomic add and a comparison.
+func (s *slot) add(v int64) {
+	if n := s.local.Add(v); n > maxLocal || n < -maxLocal {
+		s.clamp()
+	}
+}
+
+// clamp brings a local count that went past ±maxLocal back to the bound.
+func (s *slot) clamp() {
+	for {
+		n := s.local.Load()
+		c := min(max(n, -maxLocal), maxLocal)
+		if c == n || s.local.CompareAndSwap(n, c) {
+			return
+		}
+	}
 }
 
 func (s *slot) view() int64 {
@@ -41,7 +106,7 @@ func (s *slot) view() int64 {
 	if sy == unknown {
 		sy = 0
 	}
-	return sy + s.local.Load() - s.acked.Load()
+	return sy + s.local.Load()
 }
 
 // pair holds the current and previous window of one size. The window starting
@@ -52,15 +117,16 @@ type pair struct {
 	slot   [2]slot
 }
 
-// inlineKey is the longest key an Entry holds in its own memory.
+// inlineKey is the longest key an entry holds in its own memory.
 const inlineKey = 20
 
-// Entry is one key's counters for up to two window sizes. Its size is part of
-// the memory budget: 160 bytes, checked by a test. A key of up to inlineKey
+// entry is one key's counters for up to two window sizes. Its size is part of
+// the memory budget: 128 bytes, two cache lines (the allocator's 128-byte
+// class keeps it aligned to them), checked by a test. A key of up to inlineKey
 // bytes is stored inside the entry, so a lookup reads the key's bytes from the
 // cache line it already reads, instead of from a separate allocation (a cache
 // miss of its own in a large table); a longer key is a separate copy.
-type Entry struct {
+type entry struct {
 	key   string // points into buf, or to a copy of a longer key
 	flags atomic.Uint32
 	mu    sync.Mutex // rotation and sync bookkeeping; never taken by a plain increment
@@ -70,8 +136,8 @@ type Entry struct {
 
 // newEntry returns an entry for key with no window held. It copies key: the
 // caller's string may share a large buffer (a header, a body).
-func newEntry(key string) *Entry {
-	e := &Entry{}
+func newEntry(key string) *entry {
+	e := &entry{}
 	if len(key) <= inlineKey {
 		n := copy(e.buf[:], key)
 		// e.buf is never written again, so the string stays immutable. An
@@ -122,7 +188,7 @@ func (p *pair) viewAt(x, size int64, par int) int64 {
 
 // rotate makes cur the newest window held, retiring what the reused slots
 // held. The caller holds e.mu. Windows never move backwards.
-func (e *Entry) rotate(t *Table, w int, cur int64) {
+func (e *entry) rotate(t *Table, w int, cur int64) {
 	p := &e.w[w]
 	size := t.sizeMS[w]
 	lat := p.latest.Load()
@@ -146,19 +212,22 @@ func (e *Entry) rotate(t *Table, w int, cur int64) {
 			// A hit racing with this reset lands in the new window: counted,
 			// never lost.
 			l := s.local.Swap(0)
-			a := s.acked.Swap(0)
 			s.synced.Store(unknown)
-			if l != a {
-				t.retire(Ref{e: e, w: uint8(w), start: old}, l, a)
+			if ref := (counterRef{e: e, w: uint8(w), start: old}); l != 0 || t.unsettled(ref) {
+				// Even with l == 0, hits in a push in flight may have been
+				// taken back since: the record keeps the take-back for when
+				// the push settles.
+				t.retire(ref, l, 0)
 			}
 		}
 	}
 	p.latest.Store(cur)
+	t.noteTime(cur)
 }
 
 // eachHeld calls fn for each window e holds (the newest and the one before it, of
 // each size), with its slot. The caller holds e.mu.
-func (e *Entry) eachHeld(t *Table, fn func(w int, start int64, s *slot)) {
+func (e *entry) eachHeld(t *Table, fn func(w int, start int64, s *slot)) {
 	for w := range t.n {
 		p := &e.w[w]
 		lat := p.latest.Load()
@@ -174,17 +243,17 @@ func (e *Entry) eachHeld(t *Table, fn func(w int, start int64, s *slot)) {
 
 // retireAll moves every unconfirmed window of e to the retired records and
 // marks e dead. The caller holds e.mu and has removed e from its shard.
-func (e *Entry) retireAll(t *Table) {
+func (e *entry) retireAll(t *Table) {
 	e.eachHeld(t, func(w int, x int64, s *slot) {
-		if l, a := s.local.Load(), s.acked.Load(); l != a {
-			t.retire(Ref{e: e, w: uint8(w), start: x}, l, a)
+		if l, ref := s.local.Load(), (counterRef{e: e, w: uint8(w), start: x}); l != 0 || t.unsettled(ref) {
+			t.retire(ref, l, 0)
 		}
 	})
 	e.flags.Or(flagDead)
 }
 
 // expired reports whether no window of e is current or previous at now.
-func (e *Entry) expired(t *Table, now int64) bool {
+func (e *entry) expired(t *Table, now int64) bool {
 	for w := range t.n {
 		lat := e.w[w].latest.Load()
 		if lat != noWindow && lat >= windowStart(now, t.sizeMS[w])-t.sizeMS[w] {

@@ -4,22 +4,22 @@ import (
 	"github.com/ratesync/ratelimit/strategy"
 )
 
-// Ref names one window of one entry: a counter as the sync sees it. It stays
+// counterRef names one window of one entry: a counter as the sync sees it. It stays
 // valid after the window rotates out or the entry is evicted, when it names
 // the retired record that holds the window's unconfirmed hits.
-type Ref struct {
-	e     *Entry
+type counterRef struct {
+	e     *entry
 	w     uint8
 	start int64
 }
 
-// Batch is a push being built by Collect: diffs and reads, each with the Ref
+// Batch is a push being built by Collect: diffs and reads, each with the counterRef
 // its answer belongs to. Reuse a Batch across cycles to avoid allocations.
 type Batch struct {
 	Diffs    []strategy.Diff
-	DiffRefs []Ref
+	diffRefs []counterRef
 	Reads    []strategy.CounterID
-	ReadRefs []Ref
+	readRefs []counterRef
 	// runs splits the counters into runs of one entry each, in the order
 	// they were added, so that Ack settles a run under one hold of its
 	// entry's lock.
@@ -29,12 +29,12 @@ type Batch struct {
 // run is a run of counters of one entry in a Batch: the diffs and reads from
 // the end of the run before up to Diffs[:diffs] and Reads[:reads].
 type run struct {
-	e            *Entry
+	e            *entry
 	diffs, reads int
 }
 
 // extend adds the counter just appended for e to b's runs.
-func (b *Batch) extend(e *Entry) {
+func (b *Batch) extend(e *entry) {
 	if n := len(b.runs); n > 0 && b.runs[n-1].e == e {
 		b.runs[n-1].diffs, b.runs[n-1].reads = len(b.Diffs), len(b.Reads)
 		return
@@ -46,8 +46,8 @@ func (b *Batch) extend(e *Entry) {
 // can be freed, and keeps the buffers for the next batch unless they are much
 // larger than this one needed (after a burst, memory goes back).
 func (b *Batch) Reset() {
-	b.Diffs, b.DiffRefs = resetBuf(b.Diffs), resetBuf(b.DiffRefs)
-	b.Reads, b.ReadRefs = resetBuf(b.Reads), resetBuf(b.ReadRefs)
+	b.Diffs, b.diffRefs = resetBuf(b.Diffs), resetBuf(b.diffRefs)
+	b.Reads, b.readRefs = resetBuf(b.Reads), resetBuf(b.readRefs)
 	b.runs = resetBuf(b.runs)
 }
 
@@ -59,29 +59,28 @@ func resetBuf[T any](s []T) []T {
 	return s[:0]
 }
 
-// Empty reports whether b has nothing to send.
-func (b *Batch) Empty() bool { return len(b.Diffs) == 0 && len(b.Reads) == 0 }
-
-func (t *Table) id(ref Ref, key string) strategy.CounterID {
+func (t *Table) id(ref counterRef, key string) strategy.CounterID {
 	return strategy.CounterID{Key: key, Size: t.sizes[ref.w], Start: ref.start}
 }
 
 // addDiff appends the unconfirmed, not yet pending part d of ref to b and
 // records it as pending.
-func (t *Table) addDiff(b *Batch, ref Ref, key string, d int64) {
+func (t *Table) addDiff(b *Batch, ref counterRef, key string, d int64) {
 	if t.wt {
 		t.penMu.Lock()
 		t.pending[ref] += d
 		t.penMu.Unlock()
+	} else {
+		ref.e.flags.Or(flagInFlight)
 	}
 	b.Diffs = append(b.Diffs, strategy.Diff{CounterID: t.id(ref, key), Delta: d})
-	b.DiffRefs = append(b.DiffRefs, ref)
+	b.diffRefs = append(b.diffRefs, ref)
 	b.extend(ref.e)
 }
 
 // pend returns the hits of ref handed to pushes still in flight (always 0
 // without WriteThrough: then every push is settled before the next Collect).
-func (t *Table) pend(ref Ref) int64 {
+func (t *Table) pend(ref counterRef) int64 {
 	if !t.wt {
 		return 0
 	}
@@ -90,8 +89,28 @@ func (t *Table) pend(ref Ref) int64 {
 	return t.pending[ref]
 }
 
+// unsettled reports whether ref may have hits in a push not settled yet:
+// with WriteThrough, exactly; otherwise, whether some window of ref's entry is
+// in the push in flight.
+func (t *Table) unsettled(ref counterRef) bool {
+	if t.wt {
+		return t.pend(ref) != 0
+	}
+	return ref.e.flags.Load()&flagInFlight != 0
+}
+
+// settleFlags clears flagInFlight on b's entries once b is settled.
+func (t *Table) settleFlags(b *Batch) {
+	if t.wt {
+		return
+	}
+	for _, run := range b.runs {
+		run.e.flags.And(^flagInFlight)
+	}
+}
+
 // unpend removes d from ref's pending amount.
-func (t *Table) unpend(ref Ref, d int64) {
+func (t *Table) unpend(ref counterRef, d int64) {
 	if !t.wt {
 		return
 	}
@@ -115,9 +134,9 @@ func (t *Table) worthReading(x, now, cur, size int64, s *slot) bool {
 	return x == cur-size && (t.settle == 0 || now-cur < t.settle || s.synced.Load() == unknown)
 }
 
-func (t *Table) addRead(b *Batch, ref Ref, key string) {
+func (t *Table) addRead(b *Batch, ref counterRef, key string) {
 	b.Reads = append(b.Reads, t.id(ref, key))
-	b.ReadRefs = append(b.ReadRefs, ref)
+	b.readRefs = append(b.readRefs, ref)
 	b.extend(ref.e)
 }
 
@@ -137,35 +156,76 @@ func (t *Table) Keys(now int64, dst []string) []string {
 	return dst
 }
 
-// Collect appends to b every hit not yet handed to a push (from every entry
+// collectAll appends to b every hit not yet handed to a push (from every entry
 // with Walk, else from the entries used since the last Collect, and from
 // retired records) and marks it pending. With reads, it also appends reads of
 // those entries' windows that have no diff: the current window, the previous
 // one until it has settled, and the next one near the current one's end (see
 // ReadAhead). Settle b with Ack or Release.
-func (t *Table) Collect(now int64, reads bool, b *Batch) {
+func (t *Table) collectAll(now int64, reads bool, b *Batch) {
+	t.Rewind()
 	for !t.CollectSome(now, reads, b, 0) {
 	}
 }
 
-// CollectSome is Collect in chunks: it stops once b holds at least max diffs
+// Rewind makes the next CollectSome start a pass over the whole table: the
+// retired records, then every shard. A sync cycle starts with it, so a pass
+// that an error cut short is never taken for a finished one.
+//
+// With Watch, the pass also takes the windows due for a full read (see
+// LoadChanges); the caller confirms them with PassDone once every push of
+// the pass succeeded, or the next pass reads them again.
+func (t *Table) Rewind() {
+	t.cursor = 0
+	t.startPass()
+}
+
+// CollectSome is collectAll in chunks: it stops once b holds at least max diffs
 // and reads (0: no limit) and reports whether it went through the whole
 // table. The next call goes on where it stopped; settle b before it. One
-// caller at a time (the sync loop).
+// caller at a time (the sync loop). The retired records come first, at most
+// max of them per chunk; then the shards; then (with max > 0) the records
+// retired while the shards were walked, in chunks of their own.
 func (t *Table) CollectSome(now int64, reads bool, b *Batch, max int) (done bool) {
+	defer t.opened(b)
 	if t.cursor == 0 {
-		t.collectRetired(b)
+		if !t.collectRetired(b, max) {
+			return false // more retired records than one chunk holds
+		}
+		t.cursor = 1
+	}
+	if t.cursor > len(t.shards) {
+		// The windows retired while the shards were walked (keys evicted,
+		// windows rotated by traffic meanwhile) hold hits counted before
+		// the pass began: push them too, in chunks of their own, so that
+		// no window collected from its entry is collected again from its
+		// record before that push is settled.
+		if !t.collectRetired(b, max) {
+			return false
+		}
+		t.cursor = 0
+		return true
 	}
 	c := t.newCollector(now, reads, b)
-	for t.cursor < len(t.shards) {
-		t.collectShard(&t.shards[t.cursor], &c)
+	for t.cursor <= len(t.shards) {
+		t.collectShard(&t.shards[t.cursor-1], &c)
 		t.cursor++
-		if max > 0 && len(b.Diffs)+len(b.Reads) >= max && t.cursor < len(t.shards) {
+		if max > 0 && len(b.Diffs)+len(b.Reads) >= max && t.cursor <= len(t.shards) {
 			return false
 		}
 	}
+	if max > 0 && t.retiredLen() > 0 {
+		return false // the retired records next (see above)
+	}
 	t.cursor = 0
 	return true
+}
+
+// retiredLen returns the number of retired records.
+func (t *Table) retiredLen() int {
+	t.retMu.Lock()
+	defer t.retMu.Unlock()
+	return len(t.retired)
 }
 
 // collector holds what one CollectSome call needs for every entry: the start
@@ -185,11 +245,33 @@ func (t *Table) newCollector(now int64, reads bool, b *Batch) collector {
 	return c
 }
 
-// collectRetired adds the retired records' unpushed hits to b.
-func (t *Table) collectRetired(b *Batch) {
+// opened records b as handed to a push until Ack or Release settles it.
+func (t *Table) opened(b *Batch) {
+	if len(b.Diffs) > 0 {
+		t.retMu.Lock()
+		t.open[b] = struct{}{}
+		t.retMu.Unlock()
+	}
+}
+
+// settled forgets b as an open batch.
+func (t *Table) settled(b *Batch) {
+	t.retMu.Lock()
+	delete(t.open, b)
+	t.retMu.Unlock()
+}
+
+// collectRetired adds the retired records' unpushed hits to b, stopping at
+// max counters (0: no limit), and reports whether it added every one. The
+// caller settles b before the next call: a record whose hits were pushed then
+// has none left to add, so each call takes the next ones.
+func (t *Table) collectRetired(b *Batch, max int) bool {
 	t.retMu.Lock()
 	defer t.retMu.Unlock()
 	for ref, r := range t.retired {
+		if max > 0 && len(b.Diffs)+len(b.Reads) >= max {
+			return false
+		}
 		pending := t.pend(ref)
 		if d := r.local - r.acked - pending; d != 0 {
 			t.addDiff(b, ref, r.key, d)
@@ -197,6 +279,7 @@ func (t *Table) collectRetired(b *Batch) {
 			delete(t.retired, ref) // confirmed in full
 		}
 	}
+	return true
 }
 
 // collectShard adds s's share of a cycle to c.b. With Walk it visits every
@@ -206,7 +289,7 @@ func (t *Table) collectRetired(b *Batch) {
 // a key's traffic is spread over the nodes); otherwise the entries on s's
 // active list.
 func (t *Table) collectShard(s *shard, c *collector) {
-	if t.walk {
+	if t.walk || t.passWalk {
 		t.walkShard(s, c)
 		return
 	}
@@ -252,7 +335,7 @@ func (t *Table) walkShard(s *shard, c *collector) {
 // unlist takes e's use since the last Collect: it reports true, and keeps e
 // listed for one more Collect, if e was used; otherwise it takes e off the
 // list (a racing use lists it again).
-func (t *Table) unlist(e *Entry) bool {
+func (t *Table) unlist(e *entry) bool {
 	for {
 		f := e.flags.Load()
 		if f&flagDead != 0 {
@@ -286,7 +369,7 @@ func heldParities(lat, size int64) (int, int) {
 // c.b, and reports whether e has expired: no window of it is current or
 // previous at c.now. It visits the windows eachHeld visits, in the same order,
 // under one hold of e.mu.
-func (t *Table) collectEntry(e *Entry, c *collector) (expired bool) {
+func (t *Table) collectEntry(e *entry, c *collector) (expired bool) {
 	e.mu.Lock()
 	if e.flags.Load()&flagDead != 0 {
 		e.mu.Unlock()
@@ -314,22 +397,36 @@ func (t *Table) collectEntry(e *Entry, c *collector) (expired bool) {
 // collectSlot is collectEntry for the held window of size index w starting at
 // x, with slot s; newest tells whether x is the newest window e holds. The
 // caller holds e.mu.
-func (t *Table) collectSlot(e *Entry, c *collector, w int, x int64, s *slot, newest bool) {
-	ref := Ref{e: e, w: uint8(w), start: x}
+func (t *Table) collectSlot(e *entry, c *collector, w int, x int64, s *slot, newest bool) {
+	ref := counterRef{e: e, w: uint8(w), start: x}
 	size, cur := t.sizeMS[w], c.cur[w]
-	d := s.local.Load() - s.acked.Load()
+	d := s.local.Load()
 	if t.wt {
 		d -= t.pend(ref)
 	}
-	if d != 0 {
+	bit := uint32(1) << (2*w + parity(x, size))
+	switch {
+	case d != 0:
 		t.addDiff(c.b, ref, e.key, d)
-	} else if c.reads && t.worthReading(x, c.now, cur, size, s) {
+		if t.watch {
+			e.markDiff(t.cycle, bit)
+		}
+	case !c.reads:
+	case t.watch:
+		// Changes come from the watches; read what they cannot tell: a
+		// window whose total this node never learned, and a full read's
+		// (but for the windows this cycle pushed a diff of: their totals
+		// came back with it, after the cursor).
+		if (t.fullReading(w, x) && !e.diffed(t.cycle, bit)) || (s.synced.Load() == unknown && t.worthReading(x, c.now, cur, size, s)) {
+			t.addRead(c.b, ref, e.key)
+		}
+	case t.worthReading(x, c.now, cur, size, s):
 		t.addRead(c.b, ref, e.key)
 	}
-	if c.reads && t.readAhead > 0 && newest && x >= cur && c.now >= x+size-t.readAhead {
+	if c.reads && t.readAhead > 0 && newest && x >= cur && c.now >= x+size-t.readAhead && (!t.watch || t.fullReading(w, x+size)) {
 		// The window after the newest held: hits there mean other
 		// nodes' clocks are ahead of this one's.
-		t.addRead(c.b, Ref{e: e, w: uint8(w), start: x + size}, e.key)
+		t.addRead(c.b, counterRef{e: e, w: uint8(w), start: x + size}, e.key)
 	}
 }
 
@@ -339,31 +436,35 @@ func (t *Table) collectSlot(e *Entry, c *collector, w int, x int64, s *slot, new
 // (a read may move the entry to a newer window); entries do not depend on
 // each other.
 func (t *Table) Ack(b *Batch, res strategy.Result) {
+	defer t.settled(b)
 	d, r := 0, 0
 	for _, run := range b.runs {
 		run.e.mu.Lock()
 		for ; d < run.diffs; d++ {
-			t.ack(&b.DiffRefs[d], b.Diffs[d].Delta, res.Totals[d])
+			t.ack(&b.diffRefs[d], b.Diffs[d].Delta, res.Totals[d])
 		}
 		for ; r < run.reads; r++ {
-			t.setSynced(&b.ReadRefs[r], res.Reads[r])
+			t.setSynced(&b.readRefs[r], res.Reads[r])
 		}
 		run.e.mu.Unlock()
 	}
+	t.settleFlags(b)
 }
 
 // ack settles one diff of ref: d confirmed, total learned. The caller holds
-// ref.e.mu, which makes the pending and acked changes one step for
+// ref.e.mu, which makes the pending and local changes one step for
 // collectEntry.
-func (t *Table) ack(ref *Ref, d, total int64) {
+func (t *Table) ack(ref *counterRef, d, total int64) {
 	e := ref.e
 	if e.flags.Load()&flagDead == 0 {
 		if s, ok := e.w[ref.w].held(ref.start, t.sizeMS[ref.w]); ok {
 			if t.wt {
 				t.unpend(*ref, d)
 			}
-			s.acked.Add(d)
+			// The total first: a reader between the two counts the pushed
+			// hits twice, never zero times.
 			s.synced.Store(total)
+			s.local.Add(-d)
 			return
 		}
 	}
@@ -374,12 +475,17 @@ func (t *Table) ack(ref *Ref, d, total int64) {
 		if r.acked == r.local && t.pend(*ref) == 0 {
 			delete(t.retired, *ref)
 		}
+	} else if !t.wt && d != 0 {
+		// shed dropped the record while these hits were being collected
+		// (before the batch was registered as open): they reached the
+		// store after all.
+		t.dropped.Add(-abs(d))
 	}
 	t.retMu.Unlock()
 }
 
 // setSynced records total as ref's synced count. The caller holds ref.e.mu.
-func (t *Table) setSynced(ref *Ref, total int64) {
+func (t *Table) setSynced(ref *counterRef, total int64) {
 	e := ref.e
 	if e.flags.Load()&flagDead != 0 {
 		return
@@ -400,7 +506,9 @@ func (t *Table) setSynced(ref *Ref, total int64) {
 // Release settles a push of b that surely was not applied: its diffs are no
 // longer pending, and the next Collect takes them again, merged with newer hits.
 func (t *Table) Release(b *Batch) {
-	for i, ref := range b.DiffRefs {
+	defer t.settled(b)
+	t.settleFlags(b)
+	for i, ref := range b.diffRefs {
 		e := ref.e
 		e.mu.Lock()
 		t.unpend(ref, b.Diffs[i].Delta)
@@ -413,7 +521,7 @@ func (t *Table) Release(b *Batch) {
 
 // remark puts e back on its shard's dirty list, unless it was evicted
 // meanwhile (then its hits are in a retired record, which Collect always reads).
-func (t *Table) remark(e *Entry) {
+func (t *Table) remark(e *entry) {
 	if t.walk {
 		return // the next Collect visits every entry anyway
 	}
@@ -432,7 +540,7 @@ func (t *Table) remark(e *Entry) {
 // (fetch scope "all"); without, only keys this node holds are updated.
 func (t *Table) Load(key string, w int, start, count, now int64, insert bool) {
 	var s *shard
-	var e *Entry
+	var e *entry
 	excl := false
 	if insert {
 		s, e, excl = t.lock(key, now)
@@ -458,9 +566,11 @@ func (t *Table) Load(key string, w int, start, count, now int64, insert bool) {
 // not for hot paths.
 func (t *Table) Pending() (hits int64, retired int) {
 	t.retMu.Lock()
-	retired = len(t.retired)
 	for _, r := range t.retired {
-		hits += r.local - r.acked
+		if r.local != r.acked { // not a record kept only for a push in flight
+			hits += r.local - r.acked
+			retired++
+		}
 	}
 	t.retMu.Unlock()
 	for i := range t.shards {
@@ -471,24 +581,10 @@ func (t *Table) Pending() (hits int64, retired int) {
 				continue
 			}
 			e.mu.Lock()
-			e.eachHeld(t, func(_ int, _ int64, sl *slot) { hits += sl.local.Load() - sl.acked.Load() })
+			e.eachHeld(t, func(_ int, _ int64, sl *slot) { hits += sl.local.Load() })
 			e.mu.Unlock()
 		}
 		s.mu.RUnlock()
 	}
 	return hits, retired
-}
-
-// retire records the unconfirmed part of a window leaving its entry.
-func (t *Table) retire(ref Ref, local, acked int64) {
-	if !t.track {
-		return
-	}
-	t.retMu.Lock()
-	t.retired[ref] = &retired{key: ref.e.key, local: local, acked: acked}
-	n := len(t.retired)
-	t.retMu.Unlock()
-	if n > t.maxRet && t.pressure != nil {
-		t.pressure()
-	}
 }

@@ -1,7 +1,21 @@
 // Package shm is the rate limiter's in-memory counter table: the Go analogue of
-// the nginx shared-memory zone that Kong's library keeps its counters in.
+// the nginx shared-memory zone (lua_shared_dict) that Kong's library keeps its
+// counters in. Only the root package, ratelimit, uses it: a Namespace holds one
+// Table per pair of window sizes. Applications use the root package instead.
 //
-// A Table is split into shards, each an open-addressing hash table of *Entry
+// In Kong's terms:
+//
+//   - a Table is the shared dict, keyed by (key, window size, window start);
+//   - an entry's "local" count is Kong's diff: hits counted here
+//     and not yet confirmed by the store; "synced" is the total Kong's sync
+//     last read back from the store;
+//   - a Batch is one sync's push (Kong's diffs table with the reads of its
+//     fetch): CollectSome fills it, and Ack settles it with the store's
+//     totals (or Release hands its hits back when the store surely applied
+//     none of it);
+//   - a View is what Kong's get returns for the current and previous window.
+//
+// A Table is split into shards, each an open-addressing hash table of *entry
 // behind its own RWMutex, so no lock is shared by all keys. The hot path takes a
 // shard's read lock, finds the entry and updates it with atomics; incrementing
 // an existing key allocates nothing. Each entry holds the current and previous
@@ -9,7 +23,8 @@
 // rotates, expired entries leave a shard before it grows, and a key cap evicts
 // with the CLOCK algorithm (and counts evictions). Hits that were never
 // confirmed by the store are kept as retired records until a sync pushes them,
-// so rotation and eviction lose nothing.
+// so rotation and eviction lose nothing; in a long store outage the retired
+// records are capped (Options.MaxRetired) and what is dropped is counted.
 package shm
 
 import (
@@ -18,9 +33,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ratesync/ratelimit/internal/floor"
 )
 
-// ErrConfig reports an invalid table configuration.
+// ErrConfig is returned (joined with the reason) by New when Options is
+// invalid.
 var ErrConfig = errors.New("shm: invalid configuration")
 
 // Options configure a Table.
@@ -50,6 +68,11 @@ type Options struct {
 	// active lists, and using a key costs no bookkeeping. A periodic sync,
 	// which reads every key it holds each cycle, wants this.
 	Walk bool
+	// Watch makes the sync learn other nodes' changes through the store's
+	// change logs (see Watches): Collect visits only the entries used since
+	// the last Collect and reads only the windows whose total this node has
+	// not learned. It needs Track, and excludes Walk.
+	Watch bool
 	// ReadAhead makes Collect also read, for every key it reads, the window
 	// after the current one during the last ReadAhead of the current window:
 	// when the store already has hits there, nodes whose clocks are ahead (by
@@ -61,6 +84,16 @@ type Options struct {
 	// sync now would free them. It is called with table locks held, so it
 	// must return at once (a non-blocking channel send).
 	Pressure func()
+	// MaxRetired caps the retired records, whose number otherwise grows
+	// without bound while the store is out and keys rotate or are evicted.
+	// Past it the table drops the records of windows too old to weigh in any
+	// decision, then the records with the fewest hits, down to three
+	// quarters of the cap, and counts the hits dropped (DroppedHits). It
+	// keeps the records a push in flight holds: while they are more than
+	// three quarters of the cap, the records may exceed it by a quarter.
+	// 0 means MaxKeys/8, at least 1,024 (a burst of evictions between two
+	// syncs of a healthy store must fit).
+	MaxRetired int
 }
 
 // Table is a sharded counter table. Its methods are safe for concurrent use.
@@ -73,43 +106,55 @@ type Table struct {
 	settle    int64 // ms
 	readAhead int64 // ms
 	walk      bool
-	pressure  func()
-	maxRet    int // retired records beyond which pressure is called
-	seed      maphash.Seed
-	shards    []shard
-	mask      uint64
-	cursor    int // the next shard CollectSome visits
+	watch     bool
+	// With watch (guarded by the sync loop: one caller at a time):
+	cursors  map[wkey]string // the store's cursor per watched window
+	fullRead map[wkey]bool   // windows the next pass reads for every key held
+	passFull map[wkey]bool   // the windows the current pass reads in full
+	passWalk bool            // the current pass walks every entry
+	cycle    uint32          // the watch cycle's number (see entry.markDiff)
+	// overflowed is set when a watch of the last cycle overflowed: the next
+	// cycle reads every watched window in full (see Watches).
+	overflowed bool
+	pressure   func()
+	maxRet     int // retired records beyond which pressure is called
+	retCap     int // retired records beyond which retire sheds some (see shed)
+	shedAt     int // retCap, or more while a push holds records shed keeps (guarded by retMu)
+	seed       maphash.Seed
+	shards     []shard
+	mask       uint64
+	cursor     int // the next shard CollectSome visits
 
 	evictions atomic.Int64
 	// lastQ[w] is the number (start / size) of the window of size index w
 	// that the last call to windowOf found; see windowOf.
 	lastQ [2]atomic.Int64
 
+	// newest is the latest window start the table has rotated to: a lower
+	// bound of its callers' clock, for shed.
+	newest  atomic.Int64
+	dropped atomic.Int64 // unconfirmed hits shed dropped
+
 	retMu   sync.Mutex
-	retired map[Ref]*retired
+	retired map[counterRef]*retired
+	open    map[*Batch]struct{} // batches collected and not settled yet (guarded by retMu)
 
 	penMu   sync.Mutex
-	pending map[Ref]int64
+	pending map[counterRef]int64
 }
 
 type shard struct {
 	mu    sync.RWMutex
-	slots []*Entry // len is a power of two, or 0
+	slots []*entry // len is a power of two, or 0
 	tags  []uint32 // tags[i] is the tag (see tagOf) of slots[i]'s key, or 0 for an empty slot
 	count int
 	cap   int // the shard's share of MaxKeys
 	hand  int
 
 	dirtyMu sync.Mutex
-	dirty   []*Entry
+	dirty   []*entry
 
 	_ [64]byte // keep neighbouring shards' locks off one cache line
-}
-
-// retired is the unconfirmed part of a window that left its entry.
-type retired struct {
-	key          string
-	local, acked int64
 }
 
 const minSlots = 8
@@ -120,8 +165,9 @@ func New(opts Options) (*Table, error) {
 		return nil, errors.Join(ErrConfig, errors.New("shm: a table holds one or two window sizes"))
 	}
 	t := &Table{n: len(opts.Sizes), track: opts.Track || opts.WriteThrough, wt: opts.WriteThrough,
-		settle: opts.Settle.Milliseconds(), readAhead: opts.ReadAhead.Milliseconds(), walk: opts.Walk, pressure: opts.Pressure, seed: maphash.MakeSeed(),
-		retired: make(map[Ref]*retired), pending: make(map[Ref]int64)}
+		settle: opts.Settle.Milliseconds(), readAhead: opts.ReadAhead.Milliseconds(), walk: opts.Walk && !opts.Watch, watch: opts.Watch,
+		cursors: make(map[wkey]string), fullRead: make(map[wkey]bool), pressure: opts.Pressure, seed: maphash.MakeSeed(),
+		retired: make(map[counterRef]*retired), open: make(map[*Batch]struct{}), pending: make(map[counterRef]int64)}
 	for i, s := range opts.Sizes {
 		if s <= 0 || s%time.Millisecond != 0 {
 			return nil, errors.Join(ErrConfig, errors.New("shm: window sizes must be positive whole milliseconds"))
@@ -144,6 +190,13 @@ func New(opts Options) (*Table, error) {
 	t.shards = make([]shard, nShards)
 	t.mask = uint64(nShards - 1)
 	t.maxRet = max(maxKeys/16, 64)
+	t.retCap = opts.MaxRetired
+	if t.retCap <= 0 {
+		t.retCap = max(maxKeys/8, 1024)
+	}
+	t.retCap = max(t.retCap, 4) // shed needs room to bring it down to 3/4
+	t.shedAt = t.retCap
+	t.newest.Store(noWindow)
 	// The shares add up to MaxKeys exactly: the table never holds more.
 	for i := range t.shards {
 		t.shards[i].cap = maxKeys / nShards
@@ -172,13 +225,7 @@ func (t *Table) Len() int {
 	return n
 }
 
-func windowStart(t, size int64) int64 {
-	q := t / size
-	if t%size < 0 {
-		q--
-	}
-	return q * size
-}
+func windowStart(t, size int64) int64 { return floor.Div(t, size) * size }
 
 func (t *Table) shardOf(h uint64) *shard { return &t.shards[h&t.mask] }
 
@@ -192,7 +239,7 @@ func tagOf(h uint64) uint32 {
 }
 
 // find returns the entry for key, or nil. The caller holds s.mu.
-func (s *shard) find(key string, h uint64) *Entry {
+func (s *shard) find(key string, h uint64) *entry {
 	if len(s.slots) == 0 {
 		return nil
 	}
@@ -213,7 +260,7 @@ func (s *shard) find(key string, h uint64) *Entry {
 }
 
 // insert adds a new entry for key (copied). The caller holds s.mu for writing.
-func (t *Table) insert(s *shard, key string, h uint64, now int64) *Entry {
+func (t *Table) insert(s *shard, key string, h uint64, now int64) *entry {
 	if s.count >= s.cap {
 		t.makeRoom(s, now)
 	}
@@ -235,7 +282,7 @@ func (t *Table) insert(s *shard, key string, h uint64, now int64) *Entry {
 }
 
 // place puts e, whose tag is tag, in the first free slot of its probe chain.
-func (s *shard) place(e *Entry, tag uint32) {
+func (s *shard) place(e *entry, tag uint32) {
 	m := uint32(len(s.slots) - 1)
 	i := tag & m
 	for s.tags[i] != 0 {
@@ -246,7 +293,7 @@ func (s *shard) place(e *Entry, tag uint32) {
 
 func (s *shard) resize(n int) {
 	oldSlots, oldTags := s.slots, s.tags
-	s.slots, s.tags = make([]*Entry, n), make([]uint32, n)
+	s.slots, s.tags = make([]*entry, n), make([]uint32, n)
 	for i, e := range oldSlots {
 		if e != nil {
 			s.place(e, oldTags[i])

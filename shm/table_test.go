@@ -29,7 +29,7 @@ func TestEntrySize(t *testing.T) {
 	// The memory budget (200 bytes per key with two window sizes) counts on
 	// this: an Entry is one 160-byte allocation (a size class), which holds
 	// keys of up to inlineKey bytes.
-	require.Equal(t, uintptr(160), unsafe.Sizeof(Entry{}))
+	require.Equal(t, uintptr(128), unsafe.Sizeof(entry{}))
 }
 
 func TestNewRejectsBadOptions(t *testing.T) {
@@ -231,7 +231,7 @@ func TestNoHitLostOrDoubled(t *testing.T) {
 				now -= int64(rng.IntN(300))
 			case r < 10:
 				b.Reset()
-				tb.Collect(now, rng.IntN(2) == 0, &b)
+				tb.collectAll(now, rng.IntN(2) == 0, &b)
 				batches++
 				settle(t, tb, st, &b, fmt.Sprintf("b%d-%d", seed, batches))
 			default:
@@ -246,7 +246,7 @@ func TestNoHitLostOrDoubled(t *testing.T) {
 		st.SetFaults(nil)
 		for range 3 {
 			b.Reset()
-			tb.Collect(now, false, &b)
+			tb.collectAll(now, false, &b)
 			batches++
 			settle(t, tb, st, &b, fmt.Sprintf("b%d-%d", seed, batches))
 		}
@@ -268,7 +268,9 @@ func TestConcurrentAddsAndSyncs(t *testing.T) {
 }
 
 func testConcurrentAddsAndSyncs(t *testing.T, walk bool) {
-	tb := newTable(t, Options{Sizes: []time.Duration{10 * time.Millisecond}, MaxKeys: 64, Track: true, Walk: walk})
+	// No cap on retired records: this test is about exactness, not about
+	// shedding (TestShed).
+	tb := newTable(t, Options{Sizes: []time.Duration{10 * time.Millisecond}, MaxKeys: 64, Track: true, Walk: walk, MaxRetired: 1 << 30})
 	st := memory.New()
 	var clock sync.Mutex
 	now := int64(1_000_000)
@@ -303,7 +305,7 @@ func testConcurrentAddsAndSyncs(t *testing.T, walk bool) {
 			default:
 			}
 			b.Reset()
-			tb.Collect(tick(0), n%2 == 0, &b)
+			tb.collectAll(tick(0), n%2 == 0, &b)
 			settle(t, tb, st, &b, fmt.Sprintf("c%d", n))
 			runtime.Gosched()
 		}
@@ -312,7 +314,7 @@ func testConcurrentAddsAndSyncs(t *testing.T, walk bool) {
 	close(done)
 	<-syncer
 	var b Batch
-	tb.Collect(tick(0), false, &b)
+	tb.collectAll(tick(0), false, &b)
 	settle(t, tb, st, &b, "final")
 	sum := int64(0)
 	for _, m := range totals {
@@ -345,14 +347,14 @@ func TestCollectSkipsWriteThroughsInFlight(t *testing.T) {
 	tb.AddPending("k", 0, now, 5, &wt)
 	require.Len(t, wt.Diffs, 1)
 	require.Equal(t, int64(5), wt.Diffs[0].Delta)
-	tb.Collect(now, false, &b)
+	tb.collectAll(now, false, &b)
 	require.Len(t, b.Diffs, 1)
 	require.Equal(t, int64(2), b.Diffs[0].Delta, "the write-through in flight is not pushed again")
 	tb.Ack(&b, strategy.Result{Totals: []int64{2}})
 	// The write-through fails for sure: its hit goes back to the loop.
 	tb.Release(&wt)
 	b.Reset()
-	tb.Collect(now, false, &b)
+	tb.collectAll(now, false, &b)
 	require.Len(t, b.Diffs, 1)
 	require.Equal(t, int64(5), b.Diffs[0].Delta)
 	tb.Ack(&b, strategy.Result{Totals: []int64{7}})
@@ -397,7 +399,7 @@ func TestCollectReadsPreviousWindowUntilSettled(t *testing.T) {
 	tb := newTable(t, Options{Sizes: []time.Duration{time.Second}, Track: true, Settle: 300 * time.Millisecond})
 	reads := func(now int64) []strategy.CounterID {
 		var b Batch
-		tb.Collect(now, true, &b)
+		tb.collectAll(now, true, &b)
 		res := strategy.Result{Totals: make([]int64, len(b.Diffs)), Reads: make([]int64, len(b.Reads))}
 		for i := range res.Reads {
 			res.Reads[i] = 7 // the store's total for every window read
@@ -446,13 +448,13 @@ func TestANodeBehindFollowsTheNextWindow(t *testing.T) {
 	tb := newTable(t, Options{Sizes: []time.Duration{10 * time.Second}, Track: true, ReadAhead: 2 * time.Second})
 	var early Batch
 	tb.Add("k", 0, 1_000_005_000, 1)
-	tb.Collect(1_000_005_000, true, &early) // 5 s before the window ends: no read ahead
+	tb.collectAll(1_000_005_000, true, &early) // 5 s before the window ends: no read ahead
 	require.NotContains(t, early.Reads, strategy.CounterID{Key: "k", Size: 10 * time.Second, Start: 1_000_010_000})
 	tb.Ack(&early, strategy.Result{Totals: []int64{1}, Reads: make([]int64, len(early.Reads))})
 	now := int64(1_000_009_000) // 1 s before its window ends
 	tb.Add("k", 0, now, 3)
 	var b Batch
-	tb.Collect(now, true, &b)
+	tb.collectAll(now, true, &b)
 	require.Contains(t, b.Reads, strategy.CounterID{Key: "k", Size: 10 * time.Second, Start: 1_000_010_000}, "the next window is read")
 	res := strategy.Result{Totals: []int64{4}, Reads: make([]int64, len(b.Reads))}
 	for i, id := range b.Reads {
@@ -475,4 +477,8 @@ func TestWindowOfFarApart(t *testing.T) {
 	require.Equal(t, int64(5e18), x)
 	x, _ = tb.windowOf(0, -5e18)
 	require.Equal(t, int64(-5e18), x)
+}
+
+func TestBucketSize(t *testing.T) {
+	require.Equal(t, uintptr(128), unsafe.Sizeof(bucket{}))
 }

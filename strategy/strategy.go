@@ -13,11 +13,13 @@ import (
 	"errors"
 	"iter"
 	"time"
+
+	"github.com/ratesync/ratelimit/internal/floor"
 )
 
-// ErrNotApplied marks a push error after which the store surely applied none of
-// the batch: the request was refused before any write, or never left this
-// process. The caller may merge the batch's diffs with newer ones and send them
+// ErrNotApplied is returned (wrapped) by PushDiffs when the store surely
+// applied none of the batch: the request was refused before any write, or
+// never left this process. The caller may merge the batch's diffs with newer ones and send them
 // under a new batch ID. Any push error that does not match ErrNotApplied (with
 // errors.Is) means the outcome is unknown, and the caller must re-send the same
 // batch, unchanged and under the same ID, until it gets a definite answer.
@@ -25,6 +27,18 @@ import (
 // later ErrNotApplied speaks for that attempt alone, and an earlier one may
 // have been applied.
 var ErrNotApplied = errors.New("strategy: batch not applied")
+
+// MaxTotal bounds the magnitude of a counter's total in a store: a push that
+// would take a total past ±MaxTotal leaves it at the bound (it saturates)
+// instead of overflowing or failing. A node's own counts saturate at half of
+// it, so its view of a counter (the store's total plus what it has not
+// pushed) never overflows an int64.
+const MaxTotal = 1 << 61
+
+// MaxWindow is the longest window size a store must accept: 100 years. A
+// store keeps a window for twice its size and more, and 2 × 146 years would
+// overflow a time.Duration.
+const MaxWindow = 100 * 365 * 24 * time.Hour
 
 // CounterID names one counter within a namespace.
 type CounterID struct {
@@ -53,11 +67,33 @@ type Batch struct {
 	// answers with the current totals instead.
 	ID        string
 	Namespace string
+	// Now is the instant, in Unix milliseconds, the batch is about: bucket
+	// diffs recorded at another interval are converted at Now (see
+	// ConvertTAT). A re-sent batch keeps its Now. Stores that only count
+	// windows may ignore it.
+	Now int64
 	// Diffs hold at most one entry per counter.
 	Diffs []Diff
 	// Reads are counters to read without changing them (typically the
 	// previous windows and the keys this node saw but did not change).
 	Reads []CounterID
+	// Watches ask, per window, for the counters changed since a cursor the
+	// store gave before (Result.Changes): how a node learns what other
+	// nodes changed without reading every key it holds. Only for stores
+	// whose Capabilities have Watch.
+	Watches []Watch
+	// Bulk hints that the batch is one of a cycle changing most of the
+	// counters of its windows (high churn: the node's watches overflow, so
+	// it reads in full): a store with change logs may then record the
+	// batch's changes as "anything may have changed" instead of listing
+	// each, and answer the watches over them with an Overflow. Listing them
+	// would cost about what reading them does, twice over.
+	Bulk bool
+	// BucketDiffs are token-bucket spends to apply exactly once, at most one
+	// per bucket; BucketReads are buckets to read. Only for stores whose
+	// Capabilities have Buckets.
+	BucketDiffs []BucketDiff
+	BucketReads []BucketID
 }
 
 // Result is a successful push's answer.
@@ -66,6 +102,13 @@ type Result struct {
 	Totals []int64
 	// Reads[i] is the store's total for Reads[i] (0 when it has none).
 	Reads []int64
+	// Changes[i] answers Watches[i].
+	Changes []Changes
+	// Buckets[i] is BucketDiffs[i]'s bucket after the batch was applied;
+	// BucketReads[i] is BucketReads[i]'s (the zero BucketState when the
+	// store holds none: a full bucket).
+	Buckets     []BucketState
+	BucketReads []BucketState
 }
 
 // Query selects the counters GetCounters returns.
@@ -127,9 +170,5 @@ func WindowStart(t int64, size time.Duration) int64 {
 	if s <= 0 {
 		return t
 	}
-	q := t / s
-	if t%s < 0 {
-		q--
-	}
-	return q * s
+	return floor.Div(t, s) * s
 }

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ratesync/ratelimit/internal/slidelog"
 	"github.com/ratesync/ratelimit/strategy"
 )
 
@@ -28,6 +29,7 @@ const (
 	OpGetCounters
 	OpGetWindow
 	OpPurge
+	OpTake
 )
 
 // Fault is what an injected fault does to one operation.
@@ -47,7 +49,7 @@ const (
 	LoseReply
 )
 
-// ErrInjected is the error an injected fault returns.
+// ErrInjected is returned by a call that an injected fault made fail.
 var ErrInjected = errors.New("memory: injected fault")
 
 // window names a window of one size; a namespace maps windows to their counters.
@@ -70,6 +72,12 @@ type Store struct {
 	applied map[string]int64
 	seed    maphash.Seed
 	hashes  []uint64 // a push's key hashes, reused (guarded by mu)
+	// incarnations numbers the windows' tables as they are created, so a
+	// cursor of a purged window is never taken for one of its successor's.
+	incarnations uint64
+	buckets      map[string]map[strategy.BucketID]strategy.BucketState // by namespace
+	logs         map[string]map[logID]*slidelog.Log                    // by namespace
+	takes        map[string]takeRecord                                 // decided Take IDs
 
 	faults atomic.Pointer[func(Op) Fault]
 	pushes atomic.Int64
@@ -77,10 +85,22 @@ type Store struct {
 
 // New returns an empty Store, safe for concurrent use.
 func New() *Store {
-	return &Store{counters: make(map[string]windows), applied: make(map[string]int64), seed: maphash.MakeSeed()}
+	return &Store{counters: make(map[string]windows), applied: make(map[string]int64), seed: maphash.MakeSeed(),
+		buckets: make(map[string]map[strategy.BucketID]strategy.BucketState), logs: make(map[string]map[logID]*slidelog.Log),
+		takes: make(map[string]takeRecord)}
 }
 
-var _ strategy.Strategy = (*Store)(nil)
+var (
+	_ strategy.Strategy = (*Store)(nil)
+	_ strategy.Capable  = (*Store)(nil)
+	_ strategy.Taker    = (*Store)(nil)
+)
+
+// Capabilities reports that the memory store implements every part of the
+// contract.
+func (s *Store) Capabilities() strategy.Capabilities {
+	return strategy.Capabilities{Watch: true, Buckets: true, Take: true}
+}
 
 // SetFaults installs f, called before every operation to decide its fault; nil
 // removes it. f must be safe for concurrent use.
@@ -141,8 +161,12 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 		if w := (window{d.Size, d.Start}); i == 0 || w != last {
 			last, c = w, ws[w]
 			if c == nil && !seen {
-				c = new(counters)
+				s.incarnations++
+				c = &counters{inc: s.incarnations}
 				ws[w] = c
+			}
+			if !seen {
+				c.bump(b.ID)
 			}
 			end = max(end, d.Start+2*d.Size.Milliseconds())
 		}
@@ -152,6 +176,12 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 		}
 		n := c.add(hs[i], d.Key, d.Delta)
 		res.Totals[i] = n
+	}
+	if len(b.BucketDiffs) > 0 {
+		res.Buckets = s.applyBuckets(b, seen)
+		for i := range b.BucketDiffs {
+			end = max(end, strategy.BucketExpiry(res.Buckets[i], b.BucketDiffs[i].Period))
+		}
 	}
 	if !seen && b.ID != "" {
 		s.applied[b.ID] = end
@@ -163,6 +193,18 @@ func (s *Store) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Resu
 			last, c = w, ws[w]
 		}
 		res.Reads[i] = c.get(hs[i], id.Key)
+	}
+	if len(b.BucketReads) > 0 {
+		res.BucketReads = make([]strategy.BucketState, len(b.BucketReads))
+		for i, id := range b.BucketReads {
+			res.BucketReads[i] = s.buckets[b.Namespace][id]
+		}
+	}
+	if len(b.Watches) > 0 {
+		res.Changes = make([]strategy.Changes, len(b.Watches))
+		for i, w := range b.Watches {
+			res.Changes[i] = ws[window{w.Size, w.Start}].since(w)
+		}
 	}
 	s.mu.Unlock()
 	if f == LoseReply {
@@ -266,6 +308,8 @@ func (s *Store) Purge(ctx context.Context, now int64) error {
 			delete(s.applied, id)
 		}
 	}
+	s.purgeBuckets(now)
+	s.purgeLogs(now)
 	return nil
 }
 
@@ -325,12 +369,19 @@ func (s *Store) hash(key string) uint64 {
 type counters struct {
 	slots []counter // len is a power of two, or 0
 	n     int
+	// inc is the table's incarnation, unique in its Store; ver counts the
+	// pushes that changed it; log lists the changes, oldest first (see
+	// watch.go).
+	inc, ver  uint64
+	log       []change
+	lastBatch string // the batch that last bumped ver
 }
 
 type counter struct {
 	hash uint64 // 0 for an empty slot
 	key  string
 	n    int64
+	ver  uint64 // the version of the counter's last change
 }
 
 // get returns key's total (h is its hash), 0 when absent. c may be nil.
@@ -367,16 +418,18 @@ func (c *counters) add(h uint64, key string, d int64) int64 {
 	for i := h & m; ; i = (i + 1) & m {
 		sl := &c.slots[i]
 		if sl.hash == h && sl.key == key {
-			sl.n += d
+			sl.n = saturatingAdd(sl.n, d)
+			c.changed(sl)
 			return sl.n
 		}
 		if sl.hash == 0 {
 			// A copy: the caller's key may share memory the store must not
 			// keep alive (the counter table stores short keys inside its
 			// entries, which an evicted entry would otherwise outlive).
-			*sl = counter{hash: h, key: strings.Clone(key), n: d}
+			*sl = counter{hash: h, key: strings.Clone(key), n: saturatingAdd(0, d)}
 			c.n++
-			return d
+			c.changed(sl)
+			return sl.n
 		}
 	}
 }
@@ -395,4 +448,12 @@ func (c *counters) grow() {
 		}
 		c.slots[i] = sl
 	}
+}
+
+// saturatingAdd returns n+d, kept within ±strategy.MaxTotal.
+func saturatingAdd(n, d int64) int64 {
+	// |n| <= MaxTotal and a diff is far below 2^62 in magnitude in practice;
+	// clamp d first so that even a hostile diff cannot overflow the sum.
+	d = min(max(d, -2*strategy.MaxTotal), 2*strategy.MaxTotal)
+	return min(max(n+d, -strategy.MaxTotal), strategy.MaxTotal)
 }

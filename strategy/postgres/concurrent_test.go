@@ -14,7 +14,8 @@ import (
 	"github.com/ratesync/ratelimit/strategy"
 )
 
-// concurrentPushFor is how long the nodes push; required by the issue.
+// concurrentPushFor is how long the nodes push: long enough for lock waits
+// between concurrent pushes to show.
 const concurrentPushFor = 5 * time.Second
 
 // Eight nodes, each with its own pool, push overlapping counters in random

@@ -73,12 +73,23 @@ func uniqueTable(t testing.TB) string {
 			return
 		}
 		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{name}.Sanitize()+`, `+pgx.Identifier{name + "_batches"}.Sanitize())
-		if err != nil {
-			t.Errorf("drop %s: %v", name, err)
+		for _, q := range dropObjects("", name) {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				t.Errorf("drop %s: %v", name, err)
+			}
 		}
 	})
 	return name
+}
+
+// dropObjects returns the statements that drop the objects of a store on
+// table (with the default batch table) in schema.
+func dropObjects(schema, table string) []string {
+	n := makeNames(Options{Schema: schema, Table: table, BatchTable: table + "_batches"})
+	return []string{
+		`DROP TABLE IF EXISTS ` + strings.Join([]string{n.counters, n.batches, n.changes, n.buckets, n.logs}, ", "),
+		`DROP FUNCTION IF EXISTS ` + n.takeFn + `(` + strings.Join(takeArgs, ", ") + `)`,
+	}
 }
 
 // newStore returns a store on pool over a fresh table unless opts names one.
@@ -126,6 +137,10 @@ func TestOptionsValidation(t *testing.T) {
 		{Options{MaxPushRows: -1}, "MaxPushRows"},
 		{Options{BatchIDRetention: -1}, "BatchIDRetention"},
 		{Options{PushConcurrency: -1}, "PushConcurrency"},
+		{Options{SetupTimeout: -1}, "SetupTimeout"},
+		{Options{MaxClockSkew: -1}, "MaxClockSkew"},
+		{Options{ChangeRetention: -1}, "ChangeRetention"},
+		{Options{Table: strings.Repeat("t", 56), BatchTable: "b"}, "Table"}, // the derived names would not fit
 		{Options{Table: "a\x00b"}, "Table"},
 		{Options{Table: "\xff"}, "Table"},
 		{Options{Table: long}, "Table"},
@@ -146,6 +161,7 @@ func TestOptionsValidation(t *testing.T) {
 		Table: DefaultTable, BatchTable: DefaultTable + "_batches",
 		PurgeInterval: DefaultPurgeInterval, PurgeBatchSize: DefaultPurgeBatchSize,
 		MaxPushRows: DefaultMaxPushRows, PushConcurrency: DefaultPushConcurrency, BatchIDRetention: DefaultBatchIDRetention, MaxRetries: DefaultMaxRetries,
+		SetupTimeout: DefaultSetupTimeout, MaxClockSkew: DefaultMaxClockSkew, ChangeRetention: DefaultChangeRetention,
 	}, o)
 	o, err = Options{MaxRetries: -1}.withDefaults()
 	require.NoError(t, err)
@@ -165,12 +181,23 @@ func TestQuotedNamesAndSchema(t *testing.T) {
 	})
 	s, err := New(ctx, pool, Options{Schema: schema, Table: `Odd "name"; DROP TABLE x; --`})
 	require.NoError(t, err)
-	res, err := s.PushDiffs(ctx, &strategy.Batch{ID: "q1", Namespace: "ns", Diffs: []strategy.Diff{diff("k", time.Second, base, 3)}})
+	res, err := s.PushDiffs(ctx, &strategy.Batch{ID: "q1", Namespace: "ns", Now: base, Diffs: []strategy.Diff{diff("k", time.Second, base, 3)},
+		BucketDiffs: []strategy.BucketDiff{strategy.SpendDiff(strategy.BucketID{Key: "k", Period: time.Second}, 1, 100, base)},
+		Watches:     []strategy.Watch{{Size: time.Second, Start: base, Limit: 10}}})
 	require.NoError(t, err)
 	require.Equal(t, []int64{3}, res.Totals)
+	require.Equal(t, float64(base+100), res.Buckets[0].TAT)
+	require.Equal(t, []strategy.Counter{{CounterID: id("k", time.Second, base), Count: 3}}, res.Changes[0].Counters)
+	tr, err := s.Take(ctx, &strategy.Take{ID: "q2", Namespace: "ns", Key: "k", Now: base, Cost: 1,
+		Buckets: []strategy.TakeBucket{{Period: time.Second, Interval: 100, Burst: 5}}, Logs: []strategy.TakeLog{{Window: time.Second, Max: 5}}})
+	require.NoError(t, err)
+	require.True(t, tr.Allowed)
+	require.Equal(t, float64(base+200), tr.Buckets[0].TAT)
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&n))
-	require.Equal(t, 2, n)
+	require.Equal(t, 5, n, "counters, batches, change log, buckets, sliding logs")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_proc WHERE pronamespace = to_regnamespace($1)`, pgx.Identifier{schema}.Sanitize()).Scan(&n))
+	require.Equal(t, 1, n, "the take function")
 
 	// Existing tables: New creates nothing and succeeds again.
 	_, err = New(ctx, pool, Options{Schema: schema, Table: `Odd "name"; DROP TABLE x; --`})
@@ -181,9 +208,14 @@ func TestUnlogged(t *testing.T) {
 	pool := newPool(t, testDSN(t))
 	for _, unlogged := range []bool{false, true} {
 		s := newStore(t, pool, Options{Unlogged: unlogged})
+		for _, table := range []string{s.counters, s.changes, s.buckets, s.logs} {
+			var persistence string
+			require.NoError(t, pool.QueryRow(context.Background(), `SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($1)`, table).Scan(&persistence))
+			require.Equal(t, map[bool]string{false: "p", true: "u"}[unlogged], persistence, table)
+		}
 		var persistence string
-		require.NoError(t, pool.QueryRow(context.Background(), `SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($1)`, s.counters).Scan(&persistence))
-		require.Equal(t, map[bool]string{false: "p", true: "u"}[unlogged], persistence)
+		require.NoError(t, pool.QueryRow(context.Background(), `SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($1)`, s.batches).Scan(&persistence))
+		require.Equal(t, "p", persistence, "the batch table stays logged")
 		res, err := s.PushDiffs(context.Background(), &strategy.Batch{ID: "u", Namespace: "ns", Diffs: []strategy.Diff{diff("k", time.Second, base, 2)}})
 		require.NoError(t, err)
 		require.Equal(t, []int64{2}, res.Totals)
@@ -239,15 +271,19 @@ func TestPushErrors(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int64{0, 0}, res.Reads)
 
-	// The server refusing the statement (here: the table is gone) means the
-	// transaction rolled back: not applied.
-	_, err = pool.Exec(ctx, `DROP TABLE `+s.counters)
+	// The server refusing the statement (here: a constraint an operator
+	// added) means the transaction rolled back: not applied.
+	_, err = pool.Exec(ctx, `ALTER TABLE `+s.counters+` ADD CONSTRAINT small CHECK (count < 100)`)
 	require.NoError(t, err)
-	_, err = s.PushDiffs(ctx, &strategy.Batch{ID: "e6", Namespace: "ns", Diffs: one})
+	_, err = s.PushDiffs(ctx, &strategy.Batch{ID: "e6", Namespace: "ns", Diffs: []strategy.Diff{diff("k", time.Second, base, 1000)}})
 	require.ErrorIs(t, err, strategy.ErrNotApplied)
 	var pe interface{ SQLState() string }
 	require.True(t, errors.As(err, &pe))
-	require.Equal(t, "42P01", pe.SQLState())
+	require.Equal(t, "23514", pe.SQLState())
+	// Reads of a table that is gone fail (a push would create it again,
+	// see TestTableDropped).
+	_, err = pool.Exec(ctx, `DROP TABLE `+s.counters)
+	require.NoError(t, err)
 	_, err = s.GetWindow(ctx, "ns", id("k", time.Second, base))
 	require.Error(t, err)
 }
@@ -401,9 +437,9 @@ func canceledContext() context.Context {
 func TestReturningOrderChecked(t *testing.T) {
 	pool := newPool(t, testDSN(t))
 	s := newStore(t, pool, Options{})
-	const from = `SELECT key, window_size, window_start, count FROM up`
+	const from = `SELECT 0::bigint, key, window_size, window_start, count FROM up`
 	require.Contains(t, s.pushSQL, from)
-	s.pushSQL = strings.Replace(s.pushSQL, from, `SELECT key, window_size, window_start, count FROM (SELECT * FROM up ORDER BY key DESC) u`, 1)
+	s.pushSQL = strings.Replace(s.pushSQL, from, `SELECT 0::bigint, key, window_size, window_start, count FROM (SELECT * FROM up ORDER BY key DESC) u`, 1)
 	diffs := []strategy.Diff{diff("a", time.Second, base, 1), diff("b", time.Second, base, 2), diff("c", time.Second, base, 3)}
 	b := &strategy.Batch{ID: "order", Namespace: "ns", Diffs: diffs, Reads: []strategy.CounterID{id("b", time.Second, base), id("z", time.Second, base)}}
 	for range 2 {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/ratesync/ratelimit/strategy"
@@ -91,4 +92,70 @@ func TestPurgeConcurrent(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Equal(t, int64(1), rowCount(t, pool, s.opts.Table, "true"))
+}
+
+// serverMillis returns the database server's clock, in Unix milliseconds.
+func serverMillis(t testing.TB, pool *pgxpool.Pool) int64 {
+	t.Helper()
+	var ms int64
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint`).Scan(&ms))
+	return ms
+}
+
+// A node whose clock is a day ahead purges nothing the cluster still counts
+// in: what is expired is decided by the server's clock, less MaxClockSkew
+// for nodes that lag it. A node a day behind purges only what is old by its
+// own clock too (issue 11, case 5).
+func TestPurgeByServerClock(t *testing.T) {
+	pool := newPool(t, testDSN(t))
+	s := newStore(t, pool, Options{PurgeInterval: time.Millisecond, BatchIDRetention: time.Millisecond})
+	ctx := context.Background()
+	const day = int64(24 * time.Hour / time.Millisecond)
+	w := 10 * time.Second
+	now := serverMillis(t, pool)
+	cur := strategy.WindowStart(now, w)
+	live := []strategy.Diff{
+		diff("cur", w, cur, 1),
+		diff("prev", w, cur-10_000, 2),
+		diff("lagging", w, cur-30_000, 3), // previous window of a node 30 s behind
+	}
+	old := []strategy.Diff{diff("old", w, cur-10*60_000, 4)}
+	ancient := []strategy.Diff{diff("ancient", w, cur-2*day, 5)}
+	for id, d := range map[string][]strategy.Diff{"live": live, "old": old, "ancient": ancient} {
+		_, err := s.PushDiffs(ctx, &strategy.Batch{ID: id, Namespace: "ns", Diffs: d})
+		require.NoError(t, err)
+	}
+	keys := func() []string {
+		var ks []string
+		rows, err := pool.Query(ctx, `SELECT key FROM `+s.counters+` ORDER BY key`)
+		require.NoError(t, err)
+		for rows.Next() {
+			var k string
+			require.NoError(t, rows.Scan(&k))
+			ks = append(ks, k)
+		}
+		require.NoError(t, rows.Err())
+		return ks
+	}
+	batches := func() int64 { return rowCount(t, pool, s.opts.BatchTable, "true") }
+
+	// A day behind: by its clock everything but the ancient window lies
+	// ahead; the ancient one is old by any clock.
+	require.NoError(t, s.Purge(ctx, now-day))
+	require.Equal(t, []string{"cur", "lagging", "old", "prev"}, keys())
+	require.Equal(t, int64(2), batches())
+
+	// A day ahead: only what is old by the server's clock less the margin.
+	require.NoError(t, s.Purge(ctx, now+day))
+	require.Equal(t, []string{"cur", "lagging", "prev"}, keys())
+	require.Equal(t, int64(1), batches(), "the live batch's ID is kept")
+	for _, d := range live {
+		n, err := s.GetWindow(ctx, "ns", d.CounterID)
+		require.NoError(t, err)
+		require.Equal(t, d.Delta, n)
+	}
+	// The live batch re-sent (its reply lost) is still recognised.
+	res, err := s.PushDiffs(ctx, &strategy.Batch{ID: "live", Namespace: "ns", Diffs: live})
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 2, 3}, res.Totals)
 }

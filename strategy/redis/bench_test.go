@@ -7,7 +7,6 @@ import (
 	"os"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,10 +15,11 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/ratesync/ratelimit/strategy"
+	"github.com/ratesync/ratelimit/strategy/strategytest"
 )
 
 // benchClient returns a client to the real Redis, or skips b when none is
-// configured (benchmarks never fail for a missing server).
+// configured (fails it under RATELIMIT_TEST_REQUIRE_SERVICES=1).
 func benchClient(b *testing.B) *goredis.Client {
 	b.Helper()
 	if testing.Short() {
@@ -27,7 +27,7 @@ func benchClient(b *testing.B) *goredis.Client {
 	}
 	addr := os.Getenv(envRedis)
 	if addr == "" {
-		b.Skipf("%s is not set", envRedis)
+		strategytest.SkipOrFail(b, envRedis)
 	}
 	opts := clientOptions(addr)
 	opts.PoolSize = 32
@@ -55,11 +55,7 @@ func BenchmarkPushDiffs100kCluster(b *testing.B) {
 	if testing.Short() {
 		b.Skip("short")
 	}
-	addrs := os.Getenv(envCluster)
-	if addrs == "" {
-		b.Skipf("%s is not set", envCluster)
-	}
-	c := goredis.NewClusterClient(clusterOptions(strings.Split(addrs, ",")))
+	c := goredis.NewClusterClient(clusterOptions(clusterAddrs(b)))
 	b.Cleanup(func() { _ = c.Close() })
 	benchPush100k(b, c)
 }

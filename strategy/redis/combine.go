@@ -98,15 +98,27 @@ func (c *combiner) lead(send func(context.Context, []goredis.Cmder), batch []*co
 		w.done <- nil
 	}
 	c.mu.Lock()
-	next := c.waiting
+	queue := c.waiting
 	c.waiting = nil
-	for _, w := range next {
+	var next, expired []*combined
+	for _, w := range queue {
 		w.taken = true
+		if w.ctx.Err() != nil {
+			expired = append(expired, w)
+		} else {
+			next = append(next, w)
+		}
 	}
 	if len(next) == 0 {
 		c.leaders--
 	}
 	c.mu.Unlock()
+	// A caller whose context ended while it waited is not sent: it returns
+	// now, rather than lead a round it has no time left for.
+	for _, w := range expired {
+		w.cmd.SetErr(fmt.Errorf("not sent: %w: %w", w.ctx.Err(), strategy.ErrNotApplied))
+		w.done <- nil
+	}
 	if len(next) > 0 {
 		next[0].done <- next
 	}
@@ -114,18 +126,19 @@ func (c *combiner) lead(send func(context.Context, []goredis.Cmder), batch []*co
 
 // roundContext is the context of a round shared by several callers: no
 // caller's cancellation cuts the others' commands short, and it ends at the
-// latest of their deadlines (none if one of them has none).
+// earliest of their deadlines (none if none has one), so that no caller waits
+// for the round past its own deadline. (Callers of one namespace share its
+// SyncTimeout: their deadlines differ by their arrival times.)
 func roundContext(batch []*combined) (context.Context, context.CancelFunc) {
 	ctx := context.WithoutCancel(batch[0].ctx)
-	var latest time.Time
+	var earliest time.Time
 	for _, w := range batch {
-		d, ok := w.ctx.Deadline()
-		if !ok {
-			return ctx, func() {}
-		}
-		if d.After(latest) {
-			latest = d
+		if d, ok := w.ctx.Deadline(); ok && (earliest.IsZero() || d.Before(earliest)) {
+			earliest = d
 		}
 	}
-	return context.WithDeadline(ctx, latest)
+	if earliest.IsZero() {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, earliest)
 }

@@ -72,23 +72,30 @@ func TestCombinedCancelWhileQueued(t *testing.T) {
 }
 
 // A round's context outlives the cancellation of any one caller and ends at
-// the latest deadline.
+// the earliest deadline, so that no caller waits past its own.
 func TestRoundContext(t *testing.T) {
 	early, cancelEarly := context.WithTimeout(context.Background(), time.Second)
 	defer cancelEarly()
 	late, cancelLate := context.WithTimeout(context.Background(), time.Hour)
 	defer cancelLate()
-	ctx, cancel := roundContext([]*combined{{ctx: early}, {ctx: late}})
+	ctx, cancel := roundContext([]*combined{{ctx: late}, {ctx: early}})
 	defer cancel()
+	earlyDeadline, _ := early.Deadline()
 	cancelEarly()
 	require.NoError(t, ctx.Err())
 	d, ok := ctx.Deadline()
 	require.True(t, ok)
-	lateDeadline, _ := late.Deadline()
-	require.Equal(t, lateDeadline, d)
+	require.Equal(t, earlyDeadline, d)
 
 	ctx2, cancel2 := roundContext([]*combined{{ctx: late}, {ctx: context.Background()}})
 	defer cancel2()
-	_, ok = ctx2.Deadline()
-	require.False(t, ok, "a caller without deadline: none")
+	d, ok = ctx2.Deadline()
+	require.True(t, ok, "the callers that have a deadline bound the round")
+	lateDeadline, _ := late.Deadline()
+	require.Equal(t, lateDeadline, d)
+
+	ctx3, cancel3 := roundContext([]*combined{{ctx: context.Background()}})
+	defer cancel3()
+	_, ok = ctx3.Deadline()
+	require.False(t, ok, "no caller with a deadline: none")
 }

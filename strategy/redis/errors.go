@@ -11,10 +11,11 @@ import (
 )
 
 // refusals are the error codes with which Redis refuses a command before it
-// runs it. Inside the push script they can only come from its first write,
-// the SET NX of the batch-part id (Redis checks OOM, READONLY, MISCONF and
-// NOREPLICAS at a script's first write and lets the rest of the script run),
-// so they too mean that the part wrote nothing.
+// runs it. Inside a script they can only come from its first write (the
+// push script's SET NX of the batch-part id; the take script's first write,
+// whichever it is: Redis checks OOM, READONLY, MISCONF and NOREPLICAS at a
+// script's first write and lets the rest of the script run), so they too
+// mean that the script wrote nothing.
 var refusals = map[string]bool{
 	"NOSCRIPT": true, "READONLY": true, "LOADING": true, "MASTERDOWN": true,
 	"BUSY": true, "CLUSTERDOWN": true, "TRYAGAIN": true, "CROSSSLOT": true,
@@ -31,11 +32,26 @@ func isNoScript(err error) bool {
 	return errors.Is(err, goredis.ErrNoScript) || goredis.HasErrorPrefix(err, "NOSCRIPT")
 }
 
+// mayHaveRetried reports whether the client may make several attempts at a
+// command, so that a reply proves nothing about the attempts before it.
+func (s *Store) mayHaveRetried() bool { return !s.noRetries }
+
 // surelyNotApplied reports whether err, the error of one script call, proves
 // that the call wrote nothing.
+//
+// A refusal from Redis (a reply such as LOADING or READONLY) proves that the
+// attempt it answers ran nothing; and so does a connection that could not be
+// had. Neither proves anything about the command as a whole when the client
+// may have made several attempts: an earlier attempt may have been applied
+// and lost its reply before a retry was refused (go-redis retries LOADING,
+// READONLY, MASTERDOWN, TRYAGAIN, CLUSTERDOWN and lost connections by
+// default). So only a single-attempt client gets a "not applied" verdict.
 func (s *Store) surelyNotApplied(err error) bool {
 	if errors.Is(err, strategy.ErrNotApplied) {
-		return true
+		return true // never sent: decided before any attempt
+	}
+	if s.mayHaveRetried() {
+		return false
 	}
 	var rerr goredis.Error
 	if errors.As(err, &rerr) {
@@ -45,12 +61,6 @@ func (s *Store) surelyNotApplied(err error) bool {
 		}
 		code, _, _ := strings.Cut(msg, " ")
 		return refusals[code]
-	}
-	// A connection that could not be had proves nothing was sent only when
-	// the client made a single attempt: with retries, an earlier attempt of
-	// the same command may have reached Redis before its connection broke.
-	if !s.noRetries {
-		return false
 	}
 	var op *net.OpError
 	return (errors.As(err, &op) && op.Op == "dial") ||

@@ -26,6 +26,8 @@ func newClient(addr string) *goredis.Client {
 		ReadTimeout:     500 * time.Millisecond,
 		WriteTimeout:    500 * time.Millisecond,
 		PoolTimeout:     time.Second,
+		// Every call returns by its context's deadline (New requires it).
+		ContextTimeoutEnabled: true,
 	})
 }
 

@@ -67,6 +67,8 @@ func runLostReplies(t *testing.T, target string, idempotent, single bool, minDro
 		ReadTimeout:  testReadTimeout,
 		WriteTimeout: testWriteTimeout,
 		PoolTimeout:  testPoolTimeout,
+
+		ContextTimeoutEnabled: true,
 	})
 	defer c.Close()
 	require.Equal(t, 3, c.Options().MaxRetries)

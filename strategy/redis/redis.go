@@ -120,8 +120,15 @@ func (o Options) withDefaults() (Options, error) {
 			return o, err
 		}
 	}
+	if o.ExpiryMargin > maxExpiryMargin {
+		return o, fmt.Errorf("redis: Options.ExpiryMargin %v is longer than %v", o.ExpiryMargin, maxExpiryMargin)
+	}
 	return o, nil
 }
+
+// maxExpiryMargin bounds Options.ExpiryMargin so that a TTL (twice the
+// longest window plus the margin) cannot overflow.
+const maxExpiryMargin = 365 * 24 * time.Hour
 
 // orDefault sets *v to def when it is zero; a negative *v is an error that
 // names field.
@@ -163,18 +170,31 @@ type Store struct {
 
 var _ strategy.Strategy = (*Store)(nil)
 
+// ErrClientOptions is returned by New when the client's options would let a
+// call outlive its context: the error names the option to set.
+var ErrClientOptions = errors.New("redis: client options")
+
 // New returns a Store that keeps its counters in Redis through client: a
 // *goredis.Client, a Sentinel client from goredis.NewFailoverClient or a
 // *goredis.ClusterClient. It returns an error naming the Options field that
 // is out of range.
 //
+// The client must have ContextTimeoutEnabled set: without it go-redis lets a
+// call to a Redis that accepts and never answers wait ReadTimeout for each of
+// its attempts, whatever the context says, and the limiter could not keep its
+// bounds (SyncTimeout for each store call, the deadline of Close). New
+// refuses such a client with an error matching ErrClientOptions. (A client
+// of another type, which New cannot inspect, must honour its context's
+// deadline itself.)
+//
 // Configure the client's MaxRetries, ReadTimeout, WriteTimeout, DialTimeout
 // and PoolTimeout explicitly. The Store stays exact with any of them, the
-// default MaxRetries of 3 included, because every push is idempotent; they
-// decide how long a push may take when Redis is slow or unreachable (keep
-// that under the registry's SyncTimeout). MaxRetries -1 (no retries) also
-// lets a push that could not connect at all report strategy.ErrNotApplied,
-// so the caller may merge its hits with newer ones.
+// default MaxRetries of 3 included, because every push is idempotent and an
+// error after which an earlier attempt may have been applied is never taken
+// for a refusal. MaxRetries -1 (no retries; with a ClusterClient, also
+// MaxRedirects -1) lets a push that Redis refused, or that could not connect
+// at all, report strategy.ErrNotApplied, so the caller may merge its hits with
+// newer ones.
 func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redis: New: nil client")
@@ -186,13 +206,38 @@ func New(client goredis.UniversalClient, opts Options) (*Store, error) {
 	if _, ok := client.(*goredis.ClusterClient); ok && o.WaitReplicas > 0 {
 		return nil, errors.New("redis: Options.WaitReplicas is not supported with a ClusterClient")
 	}
-	s := &Store{client: client, opts: o, now: time.Now}
-	s.scriptPerCall = min(maxScriptCounters, o.BatchSize)
-	if c, ok := client.(*goredis.Client); ok {
-		// Options() holds normalized values: 0 means retries are disabled.
-		s.noRetries = c.Options().MaxRetries == 0
+	noRetries, err := inspectClient(client)
+	if err != nil {
+		return nil, err
 	}
+	s := &Store{client: client, opts: o, now: time.Now, noRetries: noRetries}
+	s.scriptPerCall = min(maxScriptCounters, o.BatchSize)
 	return s, nil
+}
+
+// inspectClient refuses a client that does not bound its calls by their
+// context, and reports whether it makes a single attempt per command (no
+// retries, no redirects), so that a failure proves nothing was applied.
+func inspectClient(client goredis.UniversalClient) (noRetries bool, err error) {
+	var ctxTimeout bool
+	switch c := client.(type) {
+	case *goredis.Client:
+		o := c.Options() // normalized: MaxRetries 0 means no retries
+		ctxTimeout, noRetries = o.ContextTimeoutEnabled, o.MaxRetries == 0
+	case *goredis.ClusterClient:
+		o := c.Options() // normalized: MaxRedirects 0 means none, MaxRetries -1 none
+		ctxTimeout, noRetries = o.ContextTimeoutEnabled, o.MaxRedirects == 0 && o.MaxRetries <= 0
+	case *goredis.Ring:
+		ctxTimeout = c.Options().ContextTimeoutEnabled
+	default:
+		return false, nil
+	}
+	if !ctxTimeout {
+		return false, fmt.Errorf("%w: set ContextTimeoutEnabled: true in the client's options, "+
+			"so that every call returns by its context's deadline (SyncTimeout, Close's deadline); "+
+			"without it a call to an unresponsive Redis waits ReadTimeout for each attempt", ErrClientOptions)
+	}
+	return noRetries, nil
 }
 
 // Options returns the Store's options, with defaults filled in.
@@ -271,6 +316,9 @@ func (s *Store) ttl(size time.Duration) int64 {
 func checkSize(size time.Duration) error {
 	if size <= 0 || size%time.Millisecond != 0 {
 		return fmt.Errorf("window size %v is not a positive whole number of milliseconds", size)
+	}
+	if size > strategy.MaxWindow {
+		return fmt.Errorf("window size %v is longer than strategy.MaxWindow: its TTL would overflow", size)
 	}
 	return nil
 }

@@ -299,25 +299,52 @@ func testTTL(t *testing.T, c goredis.UniversalClient) {
 		Reads: []strategy.CounterID{{Key: "never-written", Size: time.Hour, Start: base}}}
 	_, err := s.PushDiffs(ctx, b)
 	require.NoError(t, err)
-	keys := scanKeys(t, c, s.opts.KeyPrefix)
-	require.Len(t, keys, 4*len(sizes)+4, "4 shards x %d windows + 4 batch-part ids: %v", len(sizes), keys)
-	for _, k := range keys {
-		pttl, err := c.PTTL(ctx, k).Result()
-		require.NoError(t, err)
-		require.Positive(t, pttl, k)
-		if strings.Contains(k, ":b:") {
-			// BatchIDTTL (5m), as the part's longest window lives longer.
-			require.Greater(t, pttl, 4*time.Minute, k)
-			require.LessOrEqual(t, pttl, 5*time.Minute, k)
-			continue
+	check := func(keys []string) {
+		t.Helper()
+		for _, k := range keys {
+			pttl, err := c.PTTL(ctx, k).Result()
+			require.NoError(t, err)
+			require.Positive(t, pttl, k)
+			if strings.Contains(k, ":b:") {
+				// BatchIDTTL (5m), as the part's longest window lives longer.
+				require.Greater(t, pttl, 4*time.Minute, k)
+				require.LessOrEqual(t, pttl, 5*time.Minute, k)
+				continue
+			}
+			// A window's version key, change log and markers live as long as
+			// its hash.
+			h := k
+			for _, suffix := range []string{versionSuffix, logSuffix, markSuffix} {
+				h = strings.TrimSuffix(h, suffix)
+			}
+			var size, start int64
+			_, err = fmt.Sscanf(h[strings.LastIndexByte(h[:strings.LastIndexByte(h, ':')], ':')+1:], "%d:%d", &size, &start)
+			require.NoError(t, err, k)
+			min := 2 * time.Duration(size) * time.Millisecond
+			require.GreaterOrEqual(t, pttl, min, k)
+			require.LessOrEqual(t, pttl, min+margin, k)
 		}
-		var size, start int64
-		_, err = fmt.Sscanf(k[strings.LastIndexByte(k[:strings.LastIndexByte(k, ':')], ':')+1:], "%d:%d", &size, &start)
-		require.NoError(t, err, k)
-		min := 2 * time.Duration(size) * time.Millisecond
-		require.GreaterOrEqual(t, pttl, min, k)
-		require.LessOrEqual(t, pttl, min+margin, k)
 	}
+	keys := scanKeys(t, c, s.opts.KeyPrefix)
+	require.Len(t, keys, 4*len(sizes)+4, "4 shards x %d windows + 4 batch-part ids (nothing watched: no version keys): %v", len(sizes), keys)
+	check(keys)
+
+	// Watched windows: the first watch starts their versions and markers,
+	// the next push logs its changes.
+	var watches []strategy.Watch
+	for _, size := range sizes {
+		watches = append(watches, strategy.Watch{Size: size, Start: base, Limit: 1000})
+	}
+	res, err := s.PushDiffs(ctx, &strategy.Batch{ID: batchID(t), Namespace: "ttl", Watches: watches})
+	require.NoError(t, err)
+	for i := range watches {
+		watches[i].Cursor = res.Changes[i].Cursor
+	}
+	_, err = s.PushDiffs(ctx, &strategy.Batch{ID: batchID(t), Namespace: "ttl", Diffs: diffs, Watches: watches})
+	require.NoError(t, err)
+	keys = scanKeys(t, c, s.opts.KeyPrefix)
+	require.Len(t, keys, 4*4*len(sizes)+2*4, "4 shards x %d windows x (hash, version, log, markers) + 2 x 4 batch-part ids: %v", len(sizes), keys)
+	check(keys)
 
 	// A part whose windows all expire sooner than BatchIDTTL keeps its id
 	// only as long as they live.
@@ -415,11 +442,19 @@ func TestErrorClassification(t *testing.T) {
 	})
 
 	t.Run("RefusedByRedis", func(t *testing.T) {
-		mr, c := miniClient(t)
+		mr, retrying := miniClient(t)
+		opts := clientOptions(mr.Addr())
+		opts.MaxRetries = -1
+		c := goredis.NewClient(opts)
+		t.Cleanup(func() { _ = c.Close() })
 		s := newStore(t, c, Options{})
 		mr.SetError("LOADING Redis is loading the dataset in memory")
 		err := onePush(s, ctx)
-		require.ErrorIs(t, err, strategy.ErrNotApplied)
+		require.ErrorIs(t, err, strategy.ErrNotApplied, "one attempt, refused")
+		err = onePush(newStore(t, retrying, Options{}), ctx)
+		require.Error(t, err)
+		require.NotErrorIs(t, err, strategy.ErrNotApplied,
+			"with retries, an earlier attempt may have been applied before the refusal")
 		mr.SetError("ERR something odd")
 		err = onePush(s, ctx)
 		require.Error(t, err)
@@ -473,7 +508,11 @@ func TestErrorClassification(t *testing.T) {
 				time.Sleep(100 * time.Millisecond) // polling a server's role
 			}
 		}
-		err := onePush(newStore(t, r, Options{}), ctx)
+		opts := clientOptions(r.Options().Addr)
+		opts.MaxRetries = -1
+		single := goredis.NewClient(opts)
+		t.Cleanup(func() { _ = single.Close() })
+		err := onePush(newStore(t, single, Options{}), ctx)
 		require.ErrorIs(t, err, strategy.ErrNotApplied, "a replica refuses the first write")
 		require.ErrorContains(t, err, "READONLY")
 	})
@@ -483,8 +522,9 @@ func TestErrorClassification(t *testing.T) {
 		// "not applied", so the caller must re-send it.
 		_, c := miniClient(t)
 		s := newStore(t, c, Options{})
+		s.noRetries = true // a refusal is certain only for a single attempt
 		ok := goredis.NewCmd(ctx)
-		ok.SetVal([]any{int64(1)})
+		ok.SetVal([]any{int64(1), int64(1)}) // applied; the total
 		refused := goredis.NewCmd(ctx)
 		refused.SetErr(goredis.ErrNoScript)
 		w := partWindow{window: window{time.Minute, base}, diffs: []int32{0}}
@@ -494,11 +534,12 @@ func TestErrorClassification(t *testing.T) {
 			{chunks: 1, windows: []partWindow{w2}, counters: 1, script: refused},
 		}
 		b := &strategy.Batch{Diffs: []strategy.Diff{diff("a", time.Minute, base, 1), diff("b", time.Minute, base, 1)}}
-		_, err := s.collect(b, parts)
+		res, acc := s.newResult(b)
+		err := s.collect(b, parts, &res, acc)
 		require.Error(t, err)
 		require.NotErrorIs(t, err, strategy.ErrNotApplied)
 		parts[0].script = refused
-		_, err = s.collect(b, parts)
+		err = s.collect(b, parts, &res, acc)
 		require.ErrorIs(t, err, strategy.ErrNotApplied)
 	})
 }

@@ -27,14 +27,41 @@ type NewStore func(t *testing.T) strategy.Strategy
 func RequireServices() bool { return os.Getenv("RATELIMIT_TEST_REQUIRE_SERVICES") == "1" }
 
 // SkipOrFail skips t when the server named by envVar is not configured, or fails
-// it when RequireServices is set.
+// it when RequireServices is set. When RATELIMIT_TEST_SKIP_LOG names a file, a
+// skip also appends the test's package directory and envVar to it, one line
+// each: make test prints a summary of that log, one line per package.
 func SkipOrFail(t testing.TB, envVar string) {
 	t.Helper()
 	msg := fmt.Sprintf("%s is not set; set it to run tests against a real server", envVar)
 	if RequireServices() {
 		t.Fatalf("%s (RATELIMIT_TEST_REQUIRE_SERVICES=1)", msg)
 	}
+	logSkip(t, envVar)
 	t.Skip(msg)
+}
+
+// logSkip appends "<package dir>\t<envVar>" to the file RATELIMIT_TEST_SKIP_LOG
+// names, if any. Test binaries run in their package's directory, and run in
+// parallel: each line is one append, which the system does not interleave.
+func logSkip(t testing.TB, envVar string) {
+	path := os.Getenv("RATELIMIT_TEST_SKIP_LOG")
+	if path == "" {
+		return
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Logf("RATELIMIT_TEST_SKIP_LOG: %v", err)
+		return
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Logf("RATELIMIT_TEST_SKIP_LOG: %v", err)
+		return
+	}
+	defer f.Close()
+	if _, err := fmt.Fprintf(f, "%s\t%s\n", dir, envVar); err != nil {
+		t.Logf("RATELIMIT_TEST_SKIP_LOG: %v", err)
+	}
 }
 
 const sec = time.Second
@@ -101,6 +128,19 @@ func Run(t *testing.T, newStore NewStore) {
 		push(t, s, ns, []strategy.Diff{diff("a", sec, base, 10)})
 		res := push(t, s, ns, []strategy.Diff{diff("a", sec, base, -4), diff("z", sec, base, 0)})
 		require.Equal(t, []int64{6, 0}, res.Totals)
+	})
+
+	t.Run("TotalsSaturate", func(t *testing.T) {
+		// Eight nodes' worth of saturated local counts: far past int64
+		// without the bound, and the diff after it in the batch still counts.
+		s := newStore(t)
+		ns := "saturate"
+		step := int64(strategy.MaxTotal / 2)
+		var res strategy.Result
+		for range 8 {
+			res = push(t, s, ns, []strategy.Diff{diff("up", 60*sec, base, step), diff("down", 60*sec, base, -step), diff("n", 60*sec, base, 1)})
+		}
+		require.Equal(t, []int64{strategy.MaxTotal, -strategy.MaxTotal, 8}, res.Totals)
 	})
 
 	t.Run("SameBatchIDAppliesOnce", func(t *testing.T) {
@@ -262,6 +302,17 @@ func Run(t *testing.T, newStore NewStore) {
 		sort.Strings(keysGot)
 		require.Equal(t, keys, keysGot)
 	})
+
+	caps := strategy.CapabilitiesOf(newStore(t))
+	if caps.Watch {
+		runWatch(t, newStore)
+	}
+	if caps.Buckets {
+		runBuckets(t, newStore)
+	}
+	if caps.Take {
+		runTake(t, newStore)
+	}
 
 	t.Run("CancelledContextFails", func(t *testing.T) {
 		s := newStore(t)

@@ -1,0 +1,593 @@
+package shm
+
+import (
+	"errors"
+	"hash/maphash"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/ratesync/ratelimit/strategy"
+)
+
+// Buckets is a table of token buckets of one period, one per key: the
+// node-side state of token-bucket limits. Each bucket keeps
+//
+//   - synced: the store's state as last learned (strategy.BucketState);
+//   - fresh: the spends (and refunds) counted here since the last push, as one
+//     map of the TAT (see strategy.BucketDiff);
+//   - flight: the spends handed to the push in flight.
+//
+// The node's view of the bucket's TAT is fresh(flight(synced)): the store's
+// state with this node's unconfirmed spends applied. A decision reads the view
+// and spends under the bucket's lock, so concurrent requests on one node never
+// overdraw it. Its methods are safe for concurrent use; Collect, Ack and
+// Release are called by one sync loop at a time.
+type Buckets struct {
+	period time.Duration
+	track  bool
+	seed   maphash.Seed
+	shards []bshard
+	mask   uint64
+
+	evictions atomic.Int64
+	dropped   atomic.Int64 // tokens of retired spends dropped past the cap
+
+	retMu   sync.Mutex
+	retired map[*bucket]struct{} // evicted buckets whose spends wait for a push (guarded by retMu)
+	retCap  int
+}
+
+type bshard struct {
+	mu sync.RWMutex
+	// m holds the shard's buckets by their key's 64-bit hash, the one hash
+	// a lookup computes (it picked the shard too); buckets whose keys share a
+	// hash are chained through next.
+	m   map[uint64]*bucket
+	n   int // buckets held
+	cap int
+	_   [64]byte
+}
+
+// find returns the bucket of key (hash h), or nil. The caller holds s.mu.
+func (s *bshard) find(h uint64, key string) *bucket {
+	for bk := s.m[h]; bk != nil; bk = bk.next {
+		if bk.key == key {
+			return bk
+		}
+	}
+	return nil
+}
+
+// add puts bk (hash bk.h) in s. The caller holds s.mu for writing.
+func (s *bshard) add(bk *bucket) {
+	bk.next = s.m[bk.h]
+	s.m[bk.h] = bk
+	s.n++
+}
+
+// del takes bk out of s. The caller holds s.mu for writing.
+func (s *bshard) del(bk *bucket) {
+	p := s.m[bk.h]
+	if p == bk {
+		if bk.next == nil {
+			delete(s.m, bk.h)
+		} else {
+			s.m[bk.h] = bk.next
+		}
+		s.n--
+		return
+	}
+	for ; p != nil; p = p.next {
+		if p.next == bk {
+			p.next = bk.next
+			s.n--
+			return
+		}
+	}
+}
+
+// each calls f for every bucket of s until it returns false. The caller
+// holds s.mu.
+func (s *bshard) each(f func(*bucket) bool) {
+	for _, bk := range s.m {
+		for ; bk != nil; bk = bk.next {
+			if !f(bk) {
+				return
+			}
+		}
+	}
+}
+
+// bucket flag bits.
+const (
+	bflagRef      uint32 = 1 << iota // used since the eviction hand last passed
+	bflagDead                        // evicted: its spends are retired
+	bflagInFlight                    // its flight composite is in a push not settled yet
+	bflagUsed                        // used since the last Collect
+)
+
+// comp is a map of a TAT of the form tat -> max(tat + add, floor): the
+// composition of spends and refunds (see strategy.BucketDiff).
+type comp struct {
+	add, floor float64
+}
+
+var identity = comp{floor: math.Inf(-1)}
+
+func (c comp) isIdentity() bool { return c.add == 0 && math.IsInf(c.floor, -1) }
+
+// then returns c followed by d.
+func (c comp) then(d comp) comp {
+	return comp{add: c.add + d.add, floor: math.Max(c.floor+d.add, d.floor)}
+}
+
+func (c comp) apply(tat float64) float64 { return math.Max(tat+c.add, c.floor) }
+
+// rescale converts c, kept at interval from, to interval to at now: the
+// tokens it adds stay the same number of tokens.
+func (c comp) rescale(from, to float64, now int64) comp {
+	if c.isIdentity() || from == to || from <= 0 {
+		return c
+	}
+	return comp{add: c.add * to / from, floor: strategy.ConvertTAT(c.floor, from, to, now)}
+}
+
+// inlineBucketKey is the longest key a bucket holds in its own memory. A
+// bucket is 128 bytes, two cache lines (the allocator's 128-byte class keeps
+// it aligned to them), checked by a test.
+const inlineBucketKey = 24
+
+type bucket struct {
+	key   string // points into buf, or to a copy of a longer key
+	h     uint64 // key's hash in the table
+	next  *bucket
+	flags atomic.Uint32
+	mu    sync.Mutex
+	buf   [inlineBucketKey]byte
+	// Guarded by mu:
+	interval float64 // the interval fresh and flight are kept at
+	synced   strategy.BucketState
+	fresh    comp
+	flight   comp
+}
+
+// BucketOptions configure a Buckets table.
+type BucketOptions struct {
+	// Period is the buckets' period (the limits' Window): a positive whole
+	// number of milliseconds.
+	Period time.Duration
+	// MaxKeys caps the buckets held; 0 means 1<<20.
+	MaxKeys int
+	// Track keeps what a sync needs: the spends not yet pushed, and those of
+	// evicted buckets. Without it (local-only mode) a bucket is its view.
+	Track bool
+}
+
+// NewBuckets returns an empty table.
+func NewBuckets(opts BucketOptions) (*Buckets, error) {
+	if opts.Period <= 0 || opts.Period%time.Millisecond != 0 {
+		return nil, errors.Join(ErrConfig, errors.New("shm: a bucket period must be a positive whole number of milliseconds"))
+	}
+	maxKeys := opts.MaxKeys
+	if maxKeys == 0 {
+		maxKeys = 1 << 20
+	}
+	if maxKeys < 0 {
+		return nil, errors.Join(ErrConfig, errors.New("shm: MaxKeys must not be negative"))
+	}
+	n := 1
+	for n < 256 && n*64 <= maxKeys {
+		n *= 2
+	}
+	b := &Buckets{period: opts.Period, track: opts.Track, seed: maphash.MakeSeed(), shards: make([]bshard, n), mask: uint64(n - 1),
+		retired: make(map[*bucket]struct{}), retCap: max(maxKeys/8, 1024)}
+	for i := range b.shards {
+		b.shards[i].m = make(map[uint64]*bucket)
+		b.shards[i].cap = maxKeys / n
+		if i < maxKeys%n {
+			b.shards[i].cap++
+		}
+	}
+	return b, nil
+}
+
+// Period returns the table's period.
+func (b *Buckets) Period() time.Duration { return b.period }
+
+// Evictions returns how many buckets the key cap has evicted.
+func (b *Buckets) Evictions() int64 { return b.evictions.Load() }
+
+// DroppedTokens returns how many spent tokens of evicted buckets the table
+// dropped to keep its retired buckets within their cap.
+func (b *Buckets) DroppedTokens() int64 { return b.dropped.Load() }
+
+// Len returns how many buckets the table holds.
+func (b *Buckets) Len() int {
+	n := 0
+	for i := range b.shards {
+		s := &b.shards[i]
+		s.mu.RLock()
+		n += s.n
+		s.mu.RUnlock()
+	}
+	return n
+}
+
+// get returns key's bucket, creating it (with a copy of key) when missing.
+func (b *Buckets) get(key string, now int64) *bucket {
+	h := maphash.String(b.seed, key)
+	s := &b.shards[h&b.mask]
+	s.mu.RLock()
+	bk := s.find(h, key)
+	s.mu.RUnlock()
+	if bk != nil {
+		if bk.flags.Load()&bflagRef == 0 {
+			bk.flags.Or(bflagRef)
+		}
+		return bk
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if bk = s.find(h, key); bk != nil {
+		return bk
+	}
+	if s.n >= s.cap {
+		b.makeRoom(s, now)
+	}
+	bk = newBucket(key, h)
+	s.add(bk)
+	return bk
+}
+
+// newBucket returns a full bucket for key (hash h), holding a copy of key:
+// the caller's string may share a large buffer.
+func newBucket(key string, h uint64) *bucket {
+	bk := &bucket{h: h, fresh: identity, flight: identity}
+	if len(key) <= inlineBucketKey {
+		if n := copy(bk.buf[:], key); n > 0 {
+			bk.key = unsafe.String(&bk.buf[0], n) // buf is never written again
+		}
+	} else {
+		bk.key = cloneKey(key)
+	}
+	return bk
+}
+
+// lookup returns key's bucket, or nil.
+func (b *Buckets) lookup(key string) *bucket {
+	h := maphash.String(b.seed, key)
+	s := &b.shards[h&b.mask]
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.find(h, key)
+}
+
+// Holds reports whether the table holds a bucket for key.
+func (b *Buckets) Holds(key string) bool { return b.lookup(key) != nil }
+
+// makeRoom removes one bucket from a full shard: the first the walk meets
+// that is full with nothing to push, or not used since the walk last passed
+// (an eviction). Go's map iteration starts at a random place, so the walk
+// is a CLOCK hand that starts anywhere. A bucket in a push in flight is never
+// removed. The caller holds s.mu for writing.
+func (b *Buckets) makeRoom(s *bshard, now int64) {
+	var victim *bucket
+	for pass := 0; pass < 2 && victim == nil; pass++ {
+		s.each(func(bk *bucket) bool {
+			f := bk.flags.Load()
+			if f&bflagInFlight != 0 {
+				return true
+			}
+			if f&bflagRef == 0 || b.idle(bk, now) {
+				victim = bk
+				return false
+			}
+			bk.flags.And(^bflagRef)
+			return true
+		})
+	}
+	if victim == nil {
+		return // every bucket is in the push in flight: exceed the cap by one
+	}
+	if !b.idle(victim, now) {
+		b.evictions.Add(1)
+	}
+	b.remove(s, victim)
+}
+
+// remove takes bk out of s, retiring its unpushed spends. The caller holds
+// s.mu for writing.
+func (b *Buckets) remove(s *bshard, bk *bucket) {
+	s.del(bk)
+	bk.mu.Lock()
+	bk.flags.Or(bflagDead)
+	unpushed := b.track && !bk.fresh.isIdentity()
+	bk.mu.Unlock()
+	if unpushed {
+		b.retire(bk)
+	}
+}
+
+// idle reports whether bk is full at now with nothing to push: forgetting it
+// loses nothing.
+func (b *Buckets) idle(bk *bucket, now int64) bool {
+	bk.mu.Lock()
+	defer bk.mu.Unlock()
+	return bk.fresh.isIdentity() && bk.flight.isIdentity() && bk.view(now) <= float64(now)
+}
+
+// retire keeps an evicted bucket's unpushed spends for the next Collect.
+// Past the cap, the retired buckets whose spends matter least go.
+func (b *Buckets) retire(bk *bucket) {
+	b.retMu.Lock()
+	defer b.retMu.Unlock()
+	b.retired[bk] = struct{}{}
+	if len(b.retired) <= b.retCap {
+		return
+	}
+	for r := range b.retired { // map order: an arbitrary quarter
+		if len(b.retired) <= b.retCap*3/4 {
+			break
+		}
+		r.mu.Lock()
+		if r.flags.Load()&bflagInFlight == 0 {
+			if r.interval > 0 {
+				b.dropped.Add(int64(math.Round(math.Abs(r.fresh.add) / r.interval)))
+			}
+			delete(b.retired, r)
+		}
+		r.mu.Unlock()
+	}
+}
+
+// markUsed records a use for Collect, which keeps used buckets.
+func (bk *bucket) markUsed() {
+	if bk.flags.Load()&bflagUsed == 0 {
+		bk.flags.Or(bflagUsed)
+	}
+}
+
+// view returns the TAT this node sees, at the bucket's interval. The caller
+// holds bk.mu.
+func (bk *bucket) view(now int64) float64 {
+	tat := math.Inf(-1)
+	if bk.synced.Held() {
+		tat = strategy.ConvertTAT(bk.synced.TAT, bk.synced.Interval, bk.interval, now)
+	}
+	return bk.fresh.apply(bk.flight.apply(tat))
+}
+
+// setInterval moves bk's state to interval at now: a limit whose rate
+// changed keeps the tokens owed. The caller holds bk.mu.
+func (bk *bucket) setInterval(interval float64, now int64) {
+	if bk.interval == interval {
+		return
+	}
+	if bk.interval > 0 {
+		bk.fresh = bk.fresh.rescale(bk.interval, interval, now)
+		bk.flight = bk.flight.rescale(bk.interval, interval, now)
+	}
+	bk.interval = interval
+}
+
+// TryMode says what Try does with a request's cost.
+type TryMode int
+
+// The modes of Try.
+const (
+	// Peek spends nothing.
+	Peek TryMode = iota
+	// SpendIfFits spends the cost when it fits.
+	SpendIfFits
+	// SpendAlways spends the cost whether it fits or not (a penalty).
+	SpendAlways
+)
+
+// Try judges a request of cost tokens on key's bucket at now, for a limit
+// refilling one token per interval milliseconds with burst tokens at most:
+// it returns the bucket's TAT before the request (the node's view, at
+// interval) and whether the request fits, and spends the cost as mode says.
+// The bucket is created when missing.
+func (b *Buckets) Try(key string, now int64, interval float64, burst, cost int64, mode TryMode) (tat float64, fits bool, spent bool) {
+	bk := b.get(key, now)
+	bk.mu.Lock()
+	bk.markUsed()
+	bk.setInterval(interval, now)
+	tat = bk.view(now)
+	fits = strategy.BucketFits(strategy.BucketState{TAT: tat, Interval: interval}, interval, burst, cost, now)
+	if mode == SpendAlways || (mode == SpendIfFits && fits) {
+		d := strategy.SpendDiff(strategy.BucketID{}, cost, interval, now)
+		bk.fresh = bk.fresh.then(comp{add: d.Add, floor: d.Floor})
+		spent = true
+	}
+	bk.mu.Unlock()
+	return tat, fits, spent
+}
+
+// Refund gives cost tokens back to key's bucket at now (never past full).
+func (b *Buckets) Refund(key string, now int64, interval float64, cost int64) {
+	bk := b.get(key, now)
+	bk.mu.Lock()
+	bk.markUsed()
+	bk.setInterval(interval, now)
+	d := strategy.RefundDiff(strategy.BucketID{}, cost, interval, now)
+	bk.fresh = bk.fresh.then(comp{add: d.Add, floor: d.Floor})
+	bk.mu.Unlock()
+}
+
+// View returns key's TAT as this node sees it at now, at interval, and
+// whether the table holds the bucket.
+func (b *Buckets) View(key string, now int64, interval float64) (float64, bool) {
+	bk := b.lookup(key)
+	if bk == nil {
+		return math.Inf(-1), false
+	}
+	bk.mu.Lock()
+	defer bk.mu.Unlock()
+	bk.setInterval(interval, now)
+	return bk.view(now), true
+}
+
+// Learn records a state the store reported for key's bucket (a synchronous
+// decision's answer, or a cold read), creating the bucket when create is set.
+func (b *Buckets) Learn(key string, now int64, st strategy.BucketState, create bool) {
+	var bk *bucket
+	if create {
+		bk = b.get(key, now)
+	} else if bk = b.lookup(key); bk == nil {
+		return
+	}
+	bk.mu.Lock()
+	bk.synced = st
+	bk.mu.Unlock()
+}
+
+// BucketBatch is the buckets' part of a push, built by Collect. Reuse it
+// across cycles.
+type BucketBatch struct {
+	Diffs    []strategy.BucketDiff
+	Reads    []strategy.BucketID
+	diffRefs []*bucket
+	readRefs []*bucket
+}
+
+// Reset empties bb, dropping its references.
+func (bb *BucketBatch) Reset() {
+	bb.Diffs, bb.diffRefs = resetBuf(bb.Diffs), resetBuf(bb.diffRefs)
+	bb.Reads, bb.readRefs = resetBuf(bb.Reads), resetBuf(bb.readRefs)
+}
+
+// Collect adds to bb every bucket's unpushed spends (moving them to flight)
+// and, with reads, a read of every other bucket held: the retired buckets
+// first, then the shards. A bucket full with nothing to push and not used
+// since the last Collect leaves the table. Settle bb with Ack or Release
+// before the next Collect.
+func (b *Buckets) Collect(now int64, reads bool, bb *BucketBatch) {
+	b.retMu.Lock()
+	for bk := range b.retired {
+		bk.mu.Lock()
+		b.collectOne(bk, bb)
+		bk.mu.Unlock()
+	}
+	b.retMu.Unlock()
+	var idle []*bucket
+	for i := range b.shards {
+		s := &b.shards[i]
+		idle = idle[:0]
+		s.mu.RLock()
+		s.each(func(bk *bucket) bool {
+			bk.mu.Lock()
+			used := bk.flags.Load()&bflagUsed != 0
+			bk.flags.And(^bflagUsed)
+			switch {
+			case b.collectOne(bk, bb):
+			case !used && bk.flight.isIdentity() && bk.view(now) <= float64(now):
+				idle = append(idle, bk)
+			case reads:
+				bb.Reads = append(bb.Reads, strategy.BucketID{Key: bk.key, Period: b.period})
+				bb.readRefs = append(bb.readRefs, bk)
+			}
+			bk.mu.Unlock()
+			return true
+		})
+		s.mu.RUnlock()
+		if len(idle) > 0 {
+			s.mu.Lock()
+			for _, bk := range idle {
+				if bk.flags.Load()&bflagDead == 0 && bk.flags.Load()&bflagUsed == 0 && b.idle(bk, now) {
+					b.remove(s, bk)
+				}
+			}
+			s.mu.Unlock()
+		}
+	}
+	clear(idle)
+}
+
+// collectOne adds bk's fresh spends to bb as a diff, if it has any and no
+// push holds its spends already, and reports whether it did. The caller holds
+// bk.mu.
+func (b *Buckets) collectOne(bk *bucket, bb *BucketBatch) bool {
+	if bk.fresh.isIdentity() || bk.flags.Load()&bflagInFlight != 0 {
+		return false
+	}
+	bk.flight, bk.fresh = bk.fresh, identity
+	bk.flags.Or(bflagInFlight)
+	bb.Diffs = append(bb.Diffs, strategy.BucketDiff{BucketID: strategy.BucketID{Key: bk.key, Period: b.period},
+		Add: bk.flight.add, Floor: bk.flight.floor, Interval: bk.interval})
+	bb.diffRefs = append(bb.diffRefs, bk)
+	return true
+}
+
+// Ack settles a successful push of bb: diffs[i] is bb.Diffs[i]'s bucket after
+// the push, reads[i] bb.Reads[i]'s.
+func (b *Buckets) Ack(bb *BucketBatch, diffs, reads []strategy.BucketState) {
+	for i, bk := range bb.diffRefs {
+		bk.mu.Lock()
+		bk.flight = identity
+		bk.flags.And(^bflagInFlight)
+		bk.synced = diffs[i]
+		dead := bk.flags.Load()&bflagDead != 0 && bk.fresh.isIdentity()
+		bk.mu.Unlock()
+		if dead {
+			b.retMu.Lock()
+			delete(b.retired, bk)
+			b.retMu.Unlock()
+		}
+	}
+	for i, bk := range bb.readRefs {
+		bk.mu.Lock()
+		if bk.flags.Load()&bflagInFlight == 0 {
+			bk.synced = reads[i]
+		}
+		bk.mu.Unlock()
+	}
+}
+
+// Release settles a push of bb that surely was not applied: the spends go
+// back to be pushed with newer ones.
+func (b *Buckets) Release(bb *BucketBatch) {
+	for _, bk := range bb.diffRefs {
+		bk.mu.Lock()
+		bk.fresh = bk.flight.then(bk.fresh)
+		bk.flight = identity
+		bk.flags.And(^bflagInFlight)
+		bk.mu.Unlock()
+	}
+}
+
+// Pending returns the tokens this table spent that the store has not
+// confirmed, rounded: in unpushed and in-flight spends of held and retired
+// buckets. For monitoring.
+func (b *Buckets) Pending() (tokens int64) {
+	add := func(bk *bucket) {
+		bk.mu.Lock()
+		for _, c := range [2]comp{bk.fresh, bk.flight} {
+			if !c.isIdentity() && bk.interval > 0 {
+				// At least one: a spend taken back still has a floor to push.
+				tokens += max(1, int64(math.Round(math.Abs(c.add)/bk.interval)))
+			}
+		}
+		bk.mu.Unlock()
+	}
+	b.retMu.Lock()
+	for bk := range b.retired {
+		add(bk)
+	}
+	b.retMu.Unlock()
+	for i := range b.shards {
+		s := &b.shards[i]
+		s.mu.RLock()
+		s.each(func(bk *bucket) bool { add(bk); return true })
+		s.mu.RUnlock()
+	}
+	return tokens
+}
+
+// cloneKey copies key, so the table never keeps a caller's buffer alive.
+func cloneKey(key string) string {
+	return string(append([]byte(nil), key...))
+}

@@ -1,0 +1,79 @@
+package shm
+
+// Holds reports whether the table holds an entry for key. It creates nothing
+// and does not mark the entry used: a periodic namespace asks it before a
+// decision, to know whether the key is cold (never seen here, or evicted
+// since) and its totals must be read from the store first.
+func (t *Table) Holds(key string) bool {
+	s, e := t.lookup(key)
+	if e == nil {
+		return false
+	}
+	s.mu.RUnlock()
+	return true
+}
+
+// LoadCold records what the store reported, at now, for a key this node did
+// not hold: counts[w] is the total of the current window (index 0) and of the
+// previous one (index 1) of size index w, for each w whose bit is set in mask.
+// It creates the entry when missing, marked used, and moves it to now's
+// window.
+//
+// A window's synced count is set only while it is still unknown: a sync that
+// settled a push of this key meanwhile learned a total at least as recent,
+// and the hits it confirmed left local against it. Hits counted while the
+// read was in flight are local and unconfirmed, so the view (synced + local) counts
+// them once, on top of the store's total.
+func (t *Table) LoadCold(key string, now int64, mask uint8, counts [2][2]int64) {
+	s, e, excl := t.lock(key, now)
+	defer s.unlock(excl)
+	// Spare the entry from the next lap of the eviction hand: the decision
+	// that waited for this read is about to use it (and then Unref it).
+	e.markUsed()
+	for w := range t.n {
+		if mask&(1<<w) == 0 {
+			continue
+		}
+		size := t.sizeMS[w]
+		x, _ := t.window(e, w, now)
+		if x != windowStart(now, size) {
+			continue // the entry already moved past now's window: the read is stale
+		}
+		p := &e.w[w]
+		e.mu.Lock()
+		for i, start := range [2]int64{x, x - size} {
+			if sl, ok := p.held(start, size); ok {
+				sl.synced.CompareAndSwap(unknown, counts[w][i])
+			}
+		}
+		e.mu.Unlock()
+	}
+	t.touch(s, e)
+}
+
+// Unref clears key's reference bit for the eviction hand, as if the key had
+// been seen once: LoadCold creates the entry and the decision that follows
+// finds it, which would otherwise count as a second sighting and spare a
+// one-hit key (a flood's) from the next lap of the hand.
+func (t *Table) Unref(key string) {
+	if s, e := t.lookup(key); e != nil {
+		e.flags.And(^flagRef)
+		s.mu.RUnlock()
+	}
+}
+
+// AddWindowsIfHeld is AddWindows for a key the table already holds: it
+// creates nothing, and reports false (counting nothing) when the key is not
+// held. A periodic namespace that reads cold keys first makes its check and
+// learns whether the key is cold in one lookup.
+func (t *Table) AddWindowsIfHeld(key string, now int64, mask uint8, v [2]int64, peek bool) ([2]View, bool) {
+	s, e := t.lookup(key)
+	if e == nil {
+		return [2]View{}, false
+	}
+	e.markUsed()
+	out := t.addWindows(e, now, mask, v, peek)
+	t.touch(s, e)
+	s.mu.RUnlock()
+	return out, true
+}
