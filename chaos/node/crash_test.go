@@ -307,7 +307,7 @@ func TestCrashCloseDeadStore(t *testing.T) {
 					require.True(t, d.Allowed)
 				}
 				deadline := 200 * time.Millisecond
-				err, took := closeWithin(ns, deadline)
+				took, err := closeWithin(ns, deadline)
 				t.Logf("Close on a dead store (%s): %v after %v", kind, err, took)
 				require.ErrorIs(t, err, ratelimit.ErrStoreUnavailable)
 				assert.Less(t, took, deadline+closeSlack, "Close returns by its deadline")

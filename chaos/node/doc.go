@@ -1,4 +1,4 @@
-// Package node holds the single-node fault scenarios of issue 6, as tests:
+// Package node holds the single-node fault scenarios, as tests:
 // clock skew, a crashing node, a key flood, bad input (fuzz targets) and
 // goroutine leaks around Close. The store-side scenarios (outages, slow
 // stores, lost replies, data loss) live in chaos/store.

@@ -85,6 +85,26 @@ func (s *sinkStore) GetCounters(_ context.Context, q strategy.Query) iter.Seq2[s
 	return func(yield func(strategy.Counter, error) bool) {
 		s.mu.Lock()
 		var out []strategy.Counter
+		if q.Keys != nil { // a fetch of seen keys, or a cold read: look them up
+			for _, key := range q.Keys {
+				for _, size := range q.Sizes {
+					cur := strategy.WindowStart(q.Now, size)
+					for _, start := range [2]int64{cur, cur - size.Milliseconds()} {
+						id := strategy.CounterID{Key: key, Size: size, Start: start}
+						if n, ok := s.victims[id]; ok {
+							out = append(out, strategy.Counter{CounterID: id, Count: n})
+						}
+					}
+				}
+			}
+			s.mu.Unlock()
+			for _, c := range out {
+				if !yield(c, nil) {
+					return
+				}
+			}
+			return
+		}
 		for id, n := range s.victims {
 			cur := strategy.WindowStart(q.Now, id.Size)
 			if id.Start == cur || id.Start == cur-id.Size.Milliseconds() {

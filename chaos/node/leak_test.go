@@ -61,16 +61,16 @@ func hit(t *testing.T, ns *ratelimit.Namespace, key string, n int) {
 	}
 }
 
-// closeWithin closes ns with a deadline and returns the error and how long
-// Close took.
+// closeWithin closes ns with a deadline and returns how long Close took and
+// its error.
 func closeWithin(ns interface {
 	Close(context.Context) error
-}, d time.Duration) (error, time.Duration) {
+}, d time.Duration) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	start := time.Now()
 	err := ns.Close(ctx)
-	return err, time.Since(start)
+	return time.Since(start), err
 }
 
 func TestCloseNoLeaks(t *testing.T) {
@@ -97,7 +97,7 @@ func TestCloseNoLeaks(t *testing.T) {
 				}
 				hit(t, ns, "k", n)
 
-				err, took := closeWithin(ns, closeDeadline)
+				took, err := closeWithin(ns, closeDeadline)
 				if sc.healthy {
 					require.NoError(t, err)
 					total, err := storeTotal(store, "leak", "k", leakWindow)
@@ -108,7 +108,7 @@ func TestCloseNoLeaks(t *testing.T) {
 					assert.Less(t, took, closeDeadline+closeSlack, "Close returns by its deadline")
 				}
 				// Idempotent: the same answer, at once; every later call is refused.
-				err2, _ := closeWithin(ns, closeDeadline)
+				_, err2 := closeWithin(ns, closeDeadline)
 				assert.Equal(t, err, err2)
 				_, err = ns.Allow(context.Background(), "k", 1, leakLimit)
 				assert.ErrorIs(t, err, ratelimit.ErrClosed)
@@ -132,14 +132,16 @@ func TestCloseDuringLoopSync(t *testing.T) {
 			store := newSlowStore()
 			defer store.Release()
 			reg := ratelimit.NewRegistry()
+			// ColdReadOff: with an hour's SyncTimeout, the first hit's cold
+			// read would wait for the stuck store for that hour.
 			ns, err := reg.New(ratelimit.Config{Namespace: "inflight", WindowSizes: []time.Duration{leakWindow},
-				SyncRate: time.Millisecond, Strategy: store, SyncTimeout: time.Hour})
+				SyncRate: time.Millisecond, Strategy: store, SyncTimeout: time.Hour, ColdRead: ratelimit.ColdReadOff})
 			require.NoError(t, err)
 			hit(t, ns, "k", 10)
 			<-store.entered // the loop's push is in flight, and waits for ever
 
 			if !release {
-				err, took := closeWithin(ns, closeDeadline)
+				took, err := closeWithin(ns, closeDeadline)
 				require.ErrorIs(t, err, ratelimit.ErrStoreUnavailable)
 				assert.Less(t, took, closeDeadline+closeSlack)
 				return
@@ -173,7 +175,7 @@ func TestCloseDuringCallerSync(t *testing.T) {
 	go func() { syncDone <- ns.Sync(context.Background()) }()
 	<-store.entered
 
-	err, took := closeWithin(ns, closeDeadline)
+	took, err := closeWithin(ns, closeDeadline)
 	assert.ErrorIs(t, err, ratelimit.ErrStoreUnavailable)
 	assert.Less(t, took, closeDeadline+closeSlack,
 		"Close waits for a caller's Sync in flight instead of returning by its deadline")
@@ -192,7 +194,7 @@ func TestCloseConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {
-		wg.Go(func() { errs[i], _ = closeWithin(ns, 5*time.Second) })
+		wg.Go(func() { _, errs[i] = closeWithin(ns, 5*time.Second) })
 	}
 	wg.Wait()
 	for _, err := range errs {
@@ -214,9 +216,9 @@ func TestRegistryCloseNoLeaks(t *testing.T) {
 		require.NoError(t, err)
 		hit(t, ns, "k", 3)
 	}
-	err, _ := closeWithin(reg, 5*time.Second)
+	_, err := closeWithin(reg, 5*time.Second)
 	require.NoError(t, err)
-	err, _ = closeWithin(reg, 5*time.Second)
+	_, err = closeWithin(reg, 5*time.Second)
 	require.NoError(t, err)
 	_, err = reg.New(ratelimit.Config{Namespace: "late", WindowSizes: []time.Duration{leakWindow}, SyncRate: -1})
 	assert.ErrorIs(t, err, ratelimit.ErrClosed)

@@ -1,7 +1,10 @@
 // Package store holds the store-fault scenarios of the rate limiter: a store
 // outage, a slow store, lost replies and a store restart that loses its data,
 // each run against the memory, Redis and PostgreSQL strategies with three
-// nodes (registries) in one process.
+// nodes (registries) in one process; and Redis topologies the tests start
+// and kill themselves on ports 7501-7599 (Cluster failover and resharding,
+// Sentinel failover, maxmemory with and without eviction), with Close racing
+// traffic. Those need redis-server and redis-cli installed.
 //
 // The package has no API: it is its tests. Faults on real servers go through
 // internal/faultproxy (an in-process TCP proxy), faults on the memory store

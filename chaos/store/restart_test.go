@@ -29,9 +29,17 @@ type redisServer struct {
 	t    *testing.T
 	port int
 	cmd  *exec.Cmd
+	// aofDir, when set, makes the server persist every write to an
+	// append-only file there, fsynced before each reply (appendfsync
+	// always), and load it again at each start.
+	aofDir string
 }
 
-func startRedisServer(t *testing.T) *redisServer {
+func startRedisServer(t *testing.T) *redisServer { return startRedis(t, "") }
+
+// startRedis is startRedisServer with the append-only file in aofDir ("": no
+// persistence).
+func startRedis(t *testing.T, aofDir string) *redisServer {
 	t.Helper()
 	// The shared server being configured says Redis is expected here.
 	redisAddr(t)
@@ -41,7 +49,7 @@ func startRedisServer(t *testing.T) *redisServer {
 		}
 		t.Skip("redis-server is not installed")
 	}
-	s := &redisServer{t: t}
+	s := &redisServer{t: t, aofDir: aofDir}
 	for {
 		portMu.Lock()
 		port := nextPort
@@ -77,8 +85,12 @@ func (s *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port)
 
 // start runs redis-server on s.port and waits until it answers PING.
 func (s *redisServer) start() bool {
-	s.cmd = exec.Command("redis-server", "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no")
+	args := []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no"}
+	if s.aofDir != "" {
+		args = append(args, "--appendonly", "yes", "--appendfsync", "always", "--dir", s.aofDir)
+	}
+	s.cmd = exec.Command("redis-server", args...)
 	if err := s.cmd.Start(); err != nil {
 		s.cmd = nil
 		return false

@@ -9,6 +9,10 @@
 //     directions, so clients wait until their own deadlines;
 //   - Refuse: accept new connections and reset them at once (as a stopped
 //     server would, without giving the port away);
+//   - Answer: answer every chunk a client writes with what a function of the
+//     chunk returns (SetAnswer) instead of forwarding it, as a server that
+//     refuses every command would (a Redis that is loading, read-only, out
+//     of memory);
 //
 // add latency to every request (SetLatency), close every open connection
 // (DropAll), and cut connections right after a request reached the server and
@@ -46,6 +50,10 @@ const (
 	// Refuse resets new connections as soon as they are accepted. Open
 	// connections are left alone (call DropAll to close them too).
 	Refuse
+	// Answer writes what the function set by SetAnswer returns for every
+	// chunk a client writes back to the client, on new and open connections,
+	// and forwards nothing.
+	Answer
 )
 
 func (m Mode) String() string {
@@ -56,6 +64,8 @@ func (m Mode) String() string {
 		return "black-hole"
 	case Refuse:
 		return "refuse"
+	case Answer:
+		return "answer"
 	}
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
@@ -93,6 +103,7 @@ type Proxy struct {
 
 	mode    atomic.Int32
 	latency atomic.Int64 // added to every client->server chunk, ns
+	answer  atomic.Pointer[func(chunk []byte) []byte]
 
 	cutMu   sync.Mutex
 	cut     *Cut
@@ -143,6 +154,10 @@ func (p *Proxy) SetMode(m Mode) {
 		p.closeIf(func(c *conn) bool { return c.holed.Load() })
 	}
 }
+
+// SetAnswer sets the function that gives Answer mode's reply to a chunk. It is
+// called from the connections' goroutines, possibly at the same time.
+func (p *Proxy) SetAnswer(reply func(chunk []byte) []byte) { p.answer.Store(&reply) }
 
 // SetLatency delays every chunk sent from a client to the server by d (0
 // removes the delay), so every request/reply round trip takes d longer.
@@ -364,8 +379,16 @@ func (p *Proxy) run(c *conn) {
 					}
 				}
 			}
-			if p.Mode() == BlackHole {
+			switch p.Mode() {
+			case BlackHole:
 				c.holed.Store(true)
+				continue
+			case Answer:
+				if a := p.answer.Load(); a != nil {
+					if _, err := c.client.Write((*a)(ch.data)); err != nil {
+						return
+					}
+				}
 				continue
 			}
 			data := ch.data
