@@ -2,15 +2,23 @@
 // registry per node, in one process) against a store, drives traffic through
 // Allow and reports what the configuration costs and buys: checks/s, check
 // latency, store traffic, memory per key, and accuracy against an exact
-// sliding-log (or fixed-window) limiter fed the same hits.
+// limiter of the run's algorithm (sliding log, fixed window or token bucket)
+// fed the same hits.
+//
+// The lab is a module of its own (its plotting dependencies stay out of the
+// library's go.mod), so run it from its directory:
+//
+//	cd cmd/ratelimit-lab
+//	go run .
+//	go run . -clock sim -nodes 8 -sync-rate 1s -limit 100/1s -load 2 -duration 2m
+//	go run . -strategy redis -sync-rate 0 -rate max -duration 5s
+//	go run . -clock sim -sweep-nodes 1,2,4,8,16 -sweep-sync 10ms,100ms,1s,10s -out out/
+//	go run . -clock sim -algorithm token_bucket -burst 20 -sync-rate 0
+//	go run . -clock sim -sweep-nodes 4 -sweep-sync 10ms,100ms,1s -sweep-algorithms sliding_window,token_bucket
+//	go run . -fleet -strategy redis -redis-addr 127.0.0.1:6392 -fleet-rate 5000 -duration 60s -warmup 5s
 //
 // With no flags it runs 4 nodes on the in-process memory store for 10 s of
-// wall time; no server is needed:
-//
-//	go run ./cmd/ratelimit-lab
-//	go run ./cmd/ratelimit-lab -clock sim -nodes 8 -sync-rate 1s -limit 100/1s -load 2 -duration 2m
-//	go run ./cmd/ratelimit-lab -strategy redis -sync-rate 0 -rate max -duration 5s
-//	go run ./cmd/ratelimit-lab -clock sim -sweep-nodes 1,2,4,8,16 -sweep-sync 10ms,100ms,1s,10s -out out/
+// wall time; no server is needed.
 //
 // -clock sim runs on an injected clock that the generator advances, syncing
 // every node at each SyncRate boundary of that clock: accuracy figures are
@@ -30,6 +38,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ratesync/ratelimit"
 	"github.com/ratesync/ratelimit/cmd/ratelimit-lab/internal/lab"
 	"github.com/ratesync/ratelimit/cmd/ratelimit-lab/internal/report"
 )
@@ -57,14 +66,35 @@ func (l *limitsFlag) Set(v string) error {
 }
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "ratelimit-lab:", err)
-		os.Exit(1)
+	os.Exit(exitCode(run(os.Args[1:])))
+}
+
+// exitCode is 0 for success and for -h (the usage was asked for, and
+// printed), 1 for an error, which it prints.
+func exitCode(err error) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
 	}
+	fmt.Fprintln(os.Stderr, "ratelimit-lab:", err)
+	return 1
 }
 
 func run(args []string) error {
 	fs := flag.NewFlagSet("ratelimit-lab", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: ratelimit-lab [flags]
+
+Runs a simulated cluster of rate-limiter nodes against a store, drives
+traffic through Allow, and prints checks/s, latency, store traffic and the
+accuracy against an exact limiter fed the same hits, with a legend. With no
+flags: 4 nodes on the in-process memory store for 10 s; no server needed.
+See docs/benchmarks.md.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
 	var cfg lab.Config
 	var limits limitsFlag
 	fs.IntVar(&cfg.Nodes, "nodes", 4, "nodes (registries) sharing the store")
@@ -84,7 +114,9 @@ func run(args []string) error {
 	fs.Float64Var(&cfg.Load, "load", 1.5, "offered rate per key relative to the first limit (0.9 = 90% of it), when -rate is not set")
 	arrival := fs.String("arrival", "even", "arrivals per key: even (every 1/rate, random phase) or poisson")
 	clock := fs.String("clock", "wall", "wall (real time) or sim (simulated clock, explicit syncs, deterministic)")
-	mode := fs.String("mode", "sliding", "algorithm: sliding or fixed window")
+	mode := fs.String("mode", "", "old name for -algorithm: sliding (sliding_window) or fixed (fixed_window)")
+	fs.StringVar(&cfg.Algorithm, "algorithm", "sliding_window", "every limit's algorithm: sliding_window, fixed_window, token_bucket (= gcra) or sliding_log (local or synchronous mode only: -sync-rate < 0 or 0)")
+	fs.Int64Var(&cfg.Burst, "burst", 0, "token bucket capacity (-algorithm token_bucket); 0 means the limit's MAX")
 	fs.IntVar(&cfg.Workers, "workers", 0, "goroutines sending checks (wall clock); default GOMAXPROCS, 32 in synchronous mode")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "random seed")
 	fs.IntVar(&cfg.MaxRecords, "max-records", 20_000_000, "most hits recorded for the accuracy analysis (16 bytes each)")
@@ -93,7 +125,12 @@ func run(args []string) error {
 	prog := fs.Bool("progress", false, "print a progress line every second (stderr)")
 	sweepNodes := fs.String("sweep-nodes", "", "comma-separated node counts: run once per node count and -sweep-sync value")
 	sweepSync := fs.String("sweep-sync", "", "comma-separated SyncRates for the sweep (default 10ms,100ms,1s,10s)")
+	sweepAlgs := fs.String("sweep-algorithms", "", "comma-separated algorithms: run the -sweep-nodes x -sweep-sync sweep once per algorithm and plot them together (e.g. sliding_window,token_bucket)")
 	suite := fs.Bool("throughput-suite", false, "run unpaced wall-clock checks in local, async (memory, redis, postgres) and synchronous (redis, postgres) modes, one after another, with -nodes, -keys, -duration and -limit; print one table and plot their latencies together")
+	fleet := fs.Bool("fleet", false, "the fleet scenario (seed 002, scaled): -fleet-keys keys on one store, Zipf (most idle, a few hot), Poisson, periodic sync, limit 100/1m unless -limit; run once per -fleet-nodes count; report store CPU/s (Redis INFO cpu), sync cycle times and over-admission. Use a Redis of its own (-strategy redis -redis-addr)")
+	fleetNodes := fs.String("fleet-nodes", "2,4,8,16", "comma-separated node counts for -fleet")
+	fleetKeys := fs.Int("fleet-keys", 1_000_000, "keys for -fleet")
+	fleetRate := fs.Float64("fleet-rate", 20_000, "offered hits/s over all keys for -fleet")
 	memKeys := fs.Int("memkeys", 0, "measure heap per tracked key over this many keys (local and async namespaces) and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -123,8 +160,20 @@ func run(args []string) error {
 	if cfg.Simulated, err = either("clock", *clock, "wall", "sim"); err != nil {
 		return err
 	}
-	if cfg.Fixed, err = either("mode", *mode, "sliding", "fixed"); err != nil {
-		return err
+	if *mode != "" {
+		fixed, err := either("mode", *mode, "sliding", "fixed")
+		if err != nil {
+			return err
+		}
+		set := false
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == "algorithm" })
+		if set {
+			return errors.New("-mode and -algorithm: give one (-mode is the old name)")
+		}
+		cfg.Algorithm = "sliding_window"
+		if fixed {
+			cfg.Algorithm = "fixed_window"
+		}
 	}
 	if *format != "svg" && *format != "png" {
 		return fmt.Errorf("-plot-format %q: want svg or png", *format)
@@ -143,11 +192,19 @@ func run(args []string) error {
 	if *memKeys > 0 {
 		return measureMemory(*memKeys, cfg.Limits, *out)
 	}
+	if *fleet {
+		limitSet := false
+		fs.Visit(func(f *flag.Flag) { limitSet = limitSet || f.Name == "limit" })
+		if !limitSet {
+			cfg.Limits = nil
+		}
+		return runFleet(ctx, cfg, *fleetNodes, *fleetKeys, *fleetRate, *out, *format)
+	}
 	if *suite {
 		return throughputSuite(ctx, cfg, *out, *format)
 	}
-	if *sweepNodes != "" || *sweepSync != "" {
-		return sweep(ctx, cfg, *sweepNodes, *sweepSync, *out, *format)
+	if *sweepNodes != "" || *sweepSync != "" || *sweepAlgs != "" {
+		return sweep(ctx, cfg, *sweepNodes, *sweepSync, *sweepAlgs, *out, *format)
 	}
 	res, err := lab.Run(ctx, cfg)
 	if *prog {
@@ -157,6 +214,7 @@ func run(args []string) error {
 		return err
 	}
 	report.Table(os.Stdout, res)
+	report.Legend(os.Stdout)
 	if *out == "" {
 		return nil
 	}
@@ -181,20 +239,16 @@ func either(name, v, off, on string) (bool, error) {
 	return false, fmt.Errorf("-%s %q: want %s or %s", name, v, off, on)
 }
 
-func sweep(ctx context.Context, base lab.Config, nodesFlag, syncFlag, out, format string) error {
+func sweep(ctx context.Context, base lab.Config, nodesFlag, syncFlag, algsFlag, out, format string) error {
 	if nodesFlag == "" {
 		nodesFlag = "1,2,4,8,16"
 	}
 	if syncFlag == "" {
 		syncFlag = "10ms,100ms,1s,10s"
 	}
-	var nodes []int
-	for s := range strings.SplitSeq(nodesFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 1 {
-			return fmt.Errorf("-sweep-nodes: %q is not a positive integer", s)
-		}
-		nodes = append(nodes, n)
+	nodes, err := parseNodes("-sweep-nodes", nodesFlag)
+	if err != nil {
+		return err
 	}
 	var rates []time.Duration
 	for s := range strings.SplitSeq(syncFlag, ",") {
@@ -204,12 +258,31 @@ func sweep(ctx context.Context, base lab.Config, nodesFlag, syncFlag, out, forma
 		}
 		rates = append(rates, d)
 	}
+	algs := []string{base.Algorithm}
+	if algsFlag != "" {
+		algs = nil
+		for s := range strings.SplitSeq(algsFlag, ",") {
+			if _, err := ratelimit.ParseAlgorithm(strings.TrimSpace(s)); err != nil {
+				return fmt.Errorf("-sweep-algorithms: %w", err)
+			}
+			algs = append(algs, strings.TrimSpace(s))
+		}
+	}
 	base.Progress = nil
-	rs, err := lab.Sweep(ctx, base, nodes, rates, func(c lab.Config) {
-		fmt.Fprintf(os.Stderr, "running %d nodes, sync-rate %v\n", c.Nodes, c.SyncRate)
-	})
-	if err != nil {
-		return err
+	var rs []*lab.Result
+	for _, alg := range algs {
+		c := base
+		c.Algorithm = alg
+		if alg != "token_bucket" && alg != "gcra" {
+			c.Burst = 0 // -burst is the bucket's alone
+		}
+		r, err := lab.Sweep(ctx, c, nodes, rates, func(c lab.Config) {
+			fmt.Fprintf(os.Stderr, "running %s, %d nodes, sync-rate %v\n", alg, c.Nodes, c.SyncRate)
+		})
+		if err != nil {
+			return fmt.Errorf("%s: %w", alg, err)
+		}
+		rs = append(rs, r...)
 	}
 	fmt.Println(report.Describe(rs[0].Config))
 	report.SweepTable(os.Stdout, rs)
@@ -224,6 +297,50 @@ func sweep(ctx context.Context, base lab.Config, nodesFlag, syncFlag, out, forma
 		report.WriteJSON(out, "sweep.json", rs),
 		report.WriteCSV(out, "sweep.csv", report.SummaryHeader, rows),
 		report.PlotSweep(rs, filepath.Join(out, "sweep."+format)),
+	)
+}
+
+// parseNodes reads a comma-separated list of node counts.
+func parseNodes(name, v string) ([]int, error) {
+	var nodes []int
+	for s := range strings.SplitSeq(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%s: %q is not a positive integer", name, s)
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes, nil
+}
+
+func runFleet(ctx context.Context, base lab.Config, nodesFlag string, keys int, total float64, out, format string) error {
+	nodes, err := parseNodes("-fleet-nodes", nodesFlag)
+	if err != nil {
+		return err
+	}
+	if keys < 1 || total <= 0 {
+		return errors.New("-fleet-keys and -fleet-rate: must be positive")
+	}
+	lab.FleetDefaults(&base, keys, total)
+	base.Progress = nil
+	rs, err := lab.Fleet(ctx, base, nodes, func(c lab.Config) {
+		fmt.Fprintf(os.Stderr, "running the fleet on %d nodes\n", c.Nodes)
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Println(report.Describe(rs[0].Config))
+	report.FleetTable(os.Stdout, rs)
+	if out == "" {
+		return nil
+	}
+	var rows [][]string
+	for _, r := range rs {
+		rows = append(rows, report.FleetRow(r))
+	}
+	return errors.Join(
+		report.WriteCSV(out, "fleet.csv", report.FleetHeader, rows),
+		report.PlotFleet(rs, filepath.Join(out, "fleet."+format)),
 	)
 }
 

@@ -6,7 +6,9 @@
 # (throughput) depend on the machine and on whatever else runs on it.
 set -euo pipefail
 D=docs/benchmarks
-LAB="go run ./cmd/ratelimit-lab"
+# The lab is its own module (cmd/ratelimit-lab/go.mod): build it once.
+LAB="$(mktemp -d)/ratelimit-lab"
+go -C cmd/ratelimit-lab build -o "$LAB" .
 
 # Over-admission vs SyncRate: Redis (2, 4, 8 nodes) and memory (1 to 16 nodes).
 $LAB -strategy redis -clock sim -limit 1000/1m -load 2 -keys 10 -duration 5m \
@@ -31,3 +33,13 @@ $LAB -throughput-suite -nodes 1 -keys 100000 -duration 10s -sync-timeout 5s -max
 
 # Heap per tracked key, 1M keys, windows 1 s and 1 min.
 $LAB -memkeys 1000000 -limit 100/1s -limit 1000/1m -out $D/memory
+
+# Every algorithm: the SyncRate sweep for the sliding window and the token bucket.
+$LAB -clock sim -limit 100/1s -load 2 -keys 10 -duration 20s \
+	-sweep-nodes 4 -sweep-sync 10ms,100ms,1s -sweep-algorithms sliding_window,token_bucket -out $D/sweep-algorithms
+rm -f $D/sweep-algorithms/sweep.json
+
+# The fleet (§8): 1M keys on a Redis of its own (not the shared 6379), 2 to 16 nodes.
+# redis-server --daemonize yes --bind 127.0.0.1 --port 6392 --save "" --appendonly no
+$LAB -fleet -strategy redis -redis-addr 127.0.0.1:6392 -fleet-nodes 2,4,8,16 \
+	-fleet-rate 5000 -duration 60s -warmup 5s -out $D/fleet

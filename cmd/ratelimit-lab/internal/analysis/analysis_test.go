@@ -3,9 +3,12 @@ package analysis
 import (
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/ratesync/ratelimit/strategy"
 )
 
 // trace is a hand-checked run of one key under 3 hits per 10 ns.
@@ -176,4 +179,127 @@ func TestAnalyzeFrom(t *testing.T) {
 	assert.Equal(t, int64(2), r.Windows)
 	assert.Zero(t, r.MaxOver)
 	assert.Len(t, r.Series, 3) // the series keep the warm-up window
+}
+
+// bucketTrace is a hand-checked run of one key under a token bucket of burst
+// 3 refilling 5 tokens per 10 ms: one token every 2 ms. Times are in ms (some
+// with a fraction, which the bucket drops: the library counts whole ms).
+//
+//	#   t(ms)  node    nodes' bucket (TAT before)        exact bucket on its own
+//	1   0      admit   owed 0: ok, TAT 2                 admit, TAT 2
+//	2   0      admit   owed 2 <= 4: ok, TAT 4            admit, TAT 4
+//	3   0      admit   owed 4 <= 4: ok, TAT 6            admit, TAT 6
+//	4   0      admit   owed 6 > 4: excess, TAT 8 (owes 4 > 3: over by 1)
+//	                                                     reject
+//	5   1.99   reject  owed 7: right                     owed 5: reject
+//	6   3.9    reject  owed 5: right                     owed 3: admit, TAT 8
+//	7   4      admit   owed 4: ok, TAT 10 (owes 3)       owed 4: admit, TAT 10
+//	8   9.5    reject  owed 1: false rejection           owed 1: admit, TAT 11
+//	9   10     admit   owed 0: ok, TAT 12                owed 1: admit, TAT 13
+//	10  10     admit   owed 2: ok, TAT 14                owed 3: admit, TAT 15
+//	11  10     admit   owed 4: ok, TAT 16                owed 5: reject
+//	12  10     admit   owed 6: excess, TAT 18 (owes 4: over by 1)
+//	                                                     reject
+var bucketTrace = []struct {
+	ms float64
+	ok bool
+}{{0, true}, {0, true}, {0, true}, {0, true}, {1.99, false}, {3.9, false}, {4, true}, {9.5, false}, {10, true}, {10, true}, {10, true}, {10, true}}
+
+func TestAnalyzeTokenBucketTrace(t *testing.T) {
+	var hits []Hit
+	for _, h := range bucketTrace {
+		var f uint8
+		if h.ok {
+			f = Allowed
+		}
+		hits = append(hits, Hit{T: int64(h.ms * 1e6), Key: 3, Flags: f})
+	}
+	ms := int64(1e6)
+	r := Analyze(hits, Options{Kind: TokenBucket, Limits: []Limit{{Window: 10 * ms, Max: 5, Burst: 3}}, SeriesKey: 3})
+	assert.Equal(t, "token-bucket", r.Reference)
+	assert.Equal(t, int64(12), r.Hits)
+	assert.Equal(t, int64(9), r.Admitted)
+	assert.Equal(t, int64(2), r.ExcessAdmissions)
+	assert.Equal(t, int64(1), r.FalseRejections)
+	assert.Equal(t, int64(8), r.RefAdmitted)
+	assert.Equal(t, int64(1), r.MaxOver)
+	assert.Equal(t, int64(2), r.Windows)
+	assert.Equal(t, int64(2), r.WindowsOver)
+	assert.InDelta(t, 1.0, r.MeanOver, 1e-12)
+	assert.Equal(t, []WindowPoint{
+		{Start: 0, Offered: 8, Admitted: 5, MaxTrailing: 4},
+		{Start: 10 * ms, Offered: 4, Admitted: 4, MaxTrailing: 4},
+	}, r.Series)
+
+	// Burst 0 is Max: a bucket of 5, so the 4th hit at 0 fits and only the
+	// 12th (the 6th owed token at 10 ms, TAT 10 -> 20) goes over... by the
+	// nodes' count: at 10 ms they owe 8 ms (TAT 18 before), 4 tokens, and
+	// (5-1)*2 = 8 >= 8, so it fits too. Nothing is in excess.
+	r = Analyze(hits, Options{Kind: TokenBucket, Limits: []Limit{{Window: 10 * ms, Max: 5}}})
+	assert.Zero(t, r.ExcessAdmissions)
+	assert.Zero(t, r.MaxOver)
+}
+
+// TestTokenBucketMatchesLibraryRule feeds random histories to the reference
+// and, step by step, to strategy.BucketFits and the same TAT arithmetic: the
+// reference must agree on every decision.
+func TestTokenBucketMatchesLibraryRule(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for trial := range 200 {
+		max := int64(1 + rng.IntN(20))
+		windowMs := int64(1 + rng.IntN(2000))
+		if float64(windowMs)/float64(max) < 1e-3 {
+			continue
+		}
+		burst := int64(rng.IntN(30)) // 0 means Max
+		lim := Limit{Window: windowMs * 1e6, Max: max, Burst: burst}
+		b := burst
+		if b == 0 {
+			b = max
+		}
+		interval := float64(windowMs) / float64(max)
+		var hits []Hit
+		var now int64 = 1_735_689_600_000 // ms, 2025
+		state := strategy.BucketState{}
+		var want int64
+		for i := range 300 {
+			now += int64(rng.IntN(int(windowMs/5 + 2)))
+			ns := now*1e6 + int64(i)*3000 // a fraction of a ms, in order
+			fits := strategy.BucketFits(state, interval, b, 1, now)
+			if fits {
+				want++
+				state = strategy.ApplyBucket(state, strategy.SpendDiff(strategy.BucketID{Key: "k", Period: time.Duration(windowMs) * time.Millisecond}, 1, interval, now), now)
+			}
+			var f uint8
+			if fits {
+				f = Allowed
+			}
+			hits = append(hits, Hit{T: ns, Flags: f})
+		}
+		r := Analyze(hits, Options{Kind: TokenBucket, Limits: []Limit{lim}})
+		require.Equal(t, want, r.RefAdmitted, "trial %d: %+v", trial, lim)
+		require.Zero(t, r.ExcessAdmissions, "trial %d", trial)
+		require.Zero(t, r.FalseRejections, "trial %d", trial)
+		require.Zero(t, r.MaxOver, "trial %d: %+v", trial, lim)
+	}
+}
+
+// TestSlidingLogMilliseconds: at a resolution of 1 ms, a hit at 0.5 ms has
+// left the window (0, 10] of a hit at 10.4 ms, as in the library's sliding
+// log; on nanoseconds it is still in (0.4, 10.4].
+func TestSlidingLogMilliseconds(t *testing.T) {
+	ms := int64(1e6)
+	hits := []Hit{{T: ms / 2, Flags: Allowed}, {T: 5 * ms, Flags: Allowed}, {T: 10*ms + 4*ms/10, Flags: Allowed}, {T: 10*ms + 5*ms/10, Flags: Allowed}}
+	lim := []Limit{{Window: 10 * ms, Max: 2}}
+	r := Analyze(hits, Options{Limits: lim, Resolution: ms})
+	// (0,10]: 5 ms only, so 10.4 fits; then 5 and 10 fill it, so 10.5 is an excess.
+	assert.Equal(t, int64(1), r.ExcessAdmissions)
+	assert.Equal(t, int64(3), r.RefAdmitted)
+	assert.Equal(t, int64(1), r.MaxOver)
+	r = Analyze(hits, Options{Limits: lim})
+	// (0.4, 10.4] holds 0.5 and 5, and (0.5, 10.5] holds 5 and 10.4: both
+	// later hits are excesses. The exact log admits 0.5, 5 and 10.5.
+	assert.Equal(t, int64(2), r.ExcessAdmissions)
+	assert.Equal(t, int64(3), r.RefAdmitted)
+	assert.Equal(t, int64(1), r.MaxOver)
 }

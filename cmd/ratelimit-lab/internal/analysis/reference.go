@@ -1,6 +1,9 @@
 package analysis
 
-import "slices"
+import (
+	"math"
+	"slices"
+)
 
 // Decision flags of a recorded Hit.
 const (
@@ -24,10 +27,50 @@ type Hit struct {
 	_     uint8
 }
 
-// Limit is one policy in nanoseconds: at most Max cost per Window.
+// Limit is one policy in nanoseconds: at most Max cost per Window. For the
+// token-bucket reference it is a bucket of Burst tokens (Max when 0) that
+// refills Max tokens per Window.
 type Limit struct {
 	Window int64 // ns, > 0
 	Max    int64 // > 0
+	Burst  int64 // token bucket only: capacity; 0 means Max
+}
+
+// capacity is the most cost l admits at once: Max, or a bucket's burst.
+func (l Limit) capacity(kind Kind) int64 {
+	if kind == TokenBucket && l.Burst > 0 {
+		return l.Burst
+	}
+	return l.Max
+}
+
+// Kind selects the exact reference limiter Analyze judges against.
+type Kind uint8
+
+// The references.
+const (
+	// SlidingLog: a hit at t is admissible when the cost admitted in
+	// (t-W, t] before it, plus its own, is at most Max.
+	SlidingLog Kind = iota
+	// FixedWindow: the same over the aligned window [floor(t/W)*W, +W).
+	FixedWindow
+	// TokenBucket: GCRA on Unix milliseconds, as the library keeps a bucket
+	// (strategy.BucketFits): interval = Window/Max ms per token, TAT starts
+	// at or before now (a full bucket); a hit of cost c at now (ms) is
+	// admissible when max(TAT - now, 0) <= (Burst - c) * interval, and
+	// admitting it moves TAT to max(TAT, now) + c*interval.
+	TokenBucket
+)
+
+// String names the reference as Result.Reference does.
+func (k Kind) String() string {
+	switch k {
+	case FixedWindow:
+		return "fixed-window"
+	case TokenBucket:
+		return "token-bucket"
+	}
+	return "sliding-log"
 }
 
 // Options configures Analyze.
@@ -36,8 +79,17 @@ type Options struct {
 	Limits []Limit
 	// Cost is the cost of every hit (1 when 0).
 	Cost int64
-	// Fixed selects the fixed-window reference instead of the sliding log.
+	// Kind is the reference: SlidingLog (the zero value), FixedWindow or
+	// TokenBucket.
+	Kind Kind
+	// Fixed selects the fixed-window reference (the same as Kind
+	// FixedWindow).
 	Fixed bool
+	// Resolution, in ns, floors every hit's time to a multiple of it before
+	// judging (0 or 1: nanoseconds). 1e6 judges on milliseconds, as the
+	// library's sliding log and token bucket count. The token-bucket
+	// reference works on milliseconds whatever it is.
+	Resolution int64
 	// SeriesKey is the key whose per-window series Analyze returns.
 	SeriesKey uint32
 	// From, in Unix ns, leaves the earlier hits out of every count (they
@@ -50,7 +102,7 @@ type Options struct {
 // Result is what Analyze finds. Over-admission figures are about Limits[0]'s
 // window; decisions are judged against every limit.
 type Result struct {
-	Reference string `json:"reference"` // "sliding-log" or "fixed-window"
+	Reference string `json:"reference"` // "sliding-log", "fixed-window" or "token-bucket"
 
 	Hits     int64 `json:"hits"`     // decided hits (Failed ones excluded)
 	Admitted int64 `json:"admitted"` // hits the nodes admitted
@@ -71,6 +123,9 @@ type Result struct {
 	// MaxOver is the largest over-admission of any key: the most cost the
 	// nodes admitted in one reference window (a trailing window (t-W, t] for
 	// the sliding log, an aligned window for the fixed reference) beyond Max.
+	// For the token bucket, it is the most tokens the nodes' admissions
+	// overdrew the bucket by (fed the nodes' admitted hits, its level after
+	// a hit, below zero, rounded up to whole tokens).
 	MaxOver int64 `json:"max_over"`
 	// MeanOver is the mean over-admission over the (key, aligned window)
 	// pairs that admitted anything, where a pair's over-admission is the
@@ -92,7 +147,7 @@ type WindowPoint struct {
 	Start       int64 `json:"start_ns"`     // Unix ns of the window's start
 	Offered     int64 `json:"offered"`      // hits
 	Admitted    int64 `json:"admitted"`     // hits the nodes admitted
-	MaxTrailing int64 `json:"max_trailing"` // the most cost admitted in one reference window ending in this window
+	MaxTrailing int64 `json:"max_trailing"` // the most cost admitted in one reference window ending in this window (token bucket: the most tokens owed, to compare with the burst)
 }
 
 // FalseRejectionRate returns FalseRejections / Hits (0 when no hits).
@@ -115,8 +170,57 @@ type window struct {
 	times []int64
 	costs []int64
 	lo    int
-	sum   int64 // cost of times[lo:], or of the current aligned window
-	start int64 // fixed: the current aligned window's start
+	sum   int64   // cost of times[lo:], or of the current aligned window
+	start int64   // fixed: the current aligned window's start
+	tat   float64 // token bucket: theoretical arrival time, Unix ms
+}
+
+// msPerNs converts the hits' nanoseconds to the library's milliseconds.
+const msPerNs = int64(1e6)
+
+// interval returns a token bucket's emission interval in milliseconds per
+// token, as the library computes it: Window in whole ms over Max.
+func (l Limit) interval() float64 {
+	return float64(l.Window/msPerNs) / float64(l.Max)
+}
+
+// fits reports whether a hit of cost at t (ns) is admissible under l given
+// what w holds: load + cost <= Max for the windows, the GCRA rule for the
+// bucket.
+func (w *window) fits(t, cost int64, l Limit, kind Kind) bool {
+	if kind != TokenBucket {
+		return w.load(t, l, kind == FixedWindow)+cost <= l.Max
+	}
+	now := floorDiv(t, msPerNs)
+	burst := l.capacity(kind)
+	owed := w.tat - float64(now)
+	if owed <= 0 {
+		return cost <= burst
+	}
+	return owed <= float64(float64(burst-cost)*l.interval())
+}
+
+// add counts an admitted hit at t (after fits at t).
+func (w *window) add(t, cost int64, l Limit, kind Kind) {
+	if kind != TokenBucket {
+		w.admit(t, cost, kind == FixedWindow)
+		return
+	}
+	now := float64(floorDiv(t, msPerNs))
+	w.tat = float64(math.Max(w.tat, now) + float64(float64(cost)*l.interval()))
+}
+
+// level returns the cost w holds at t, after add at t: the window's load
+// including the hit, or the tokens the bucket owes (burst minus its level),
+// rounded up to whole tokens; compare it with l.capacity.
+func (w *window) level(t int64, l Limit, kind Kind) int64 {
+	if kind != TokenBucket {
+		return w.sum
+	}
+	// A TAT of 1.7e12 ms is exact to about 2e-4 ms: a thousandth of a token
+	// of slack keeps a bucket that is exactly full from reading as one over.
+	owed := (w.tat - float64(floorDiv(t, msPerNs))) / l.interval()
+	return max(int64(math.Ceil(owed-1e-3)), 0)
 }
 
 // load returns the cost admitted in the reference window that ends at t,
@@ -171,7 +275,9 @@ func floorDiv(a, b int64) int64 {
 //
 //   - sliding log: a hit at t is admissible when the cost admitted in (t-W, t]
 //     before it, plus its own cost, is at most Max;
-//   - fixed window: the same over the aligned window [floor(t/W)*W, +W).
+//   - fixed window: the same over the aligned window [floor(t/W)*W, +W);
+//   - token bucket: GCRA on milliseconds (see TokenBucket): admissible when
+//     the bucket, fed the admitted hits before it, holds the hit's cost.
 //
 // "Admitted before it" means by the nodes, for FalseRejections,
 // ExcessAdmissions and the over-admission figures (each decision is judged
@@ -182,10 +288,11 @@ func Analyze(hits []Hit, opt Options) Result {
 	if cost <= 0 {
 		cost = 1
 	}
-	res := Result{Reference: "sliding-log"}
+	kind := opt.Kind
 	if opt.Fixed {
-		res.Reference = "fixed-window"
+		kind = FixedWindow
 	}
+	res := Result{Reference: kind.String()}
 	if len(opt.Limits) == 0 || len(hits) == 0 {
 		return res
 	}
@@ -199,6 +306,12 @@ func Analyze(hits []Hit, opt Options) Result {
 		}
 		return 0
 	})
+	if r := opt.Resolution; r > 1 {
+		for i := range sorted {
+			sorted[i].T = floorDiv(sorted[i].T, r) * r
+		}
+	}
+	cap0 := opt.Limits[0].capacity(kind)
 	w0 := opt.Limits[0].Window
 	first := floorDiv(sorted[0].T, w0)
 	nwin := int(floorDiv(sorted[len(sorted)-1].T, w0)-first) + 1
@@ -216,7 +329,7 @@ func Analyze(hits []Hit, opt Options) Result {
 			return
 		}
 		res.Windows++
-		over := st.curMax - opt.Limits[0].Max
+		over := st.curMax - cap0
 		if over > 0 {
 			res.WindowsOver++
 			sumOver += float64(over)
@@ -243,10 +356,10 @@ func Analyze(hits []Hit, opt Options) Result {
 		admitted := h.Flags&Allowed != 0
 		fits, refFits := true, true
 		for i, l := range opt.Limits {
-			if st.lab[i].load(h.T, l, opt.Fixed)+cost > l.Max {
+			if !st.lab[i].fits(h.T, cost, l, kind) {
 				fits = false
 			}
-			if st.ref[i].load(h.T, l, opt.Fixed)+cost > l.Max {
+			if !st.ref[i].fits(h.T, cost, l, kind) {
 				refFits = false
 			}
 		}
@@ -254,8 +367,8 @@ func Analyze(hits []Hit, opt Options) Result {
 			if counted {
 				res.RefAdmitted++
 			}
-			for i := range opt.Limits {
-				st.ref[i].admit(h.T, cost, opt.Fixed)
+			for i, l := range opt.Limits {
+				st.ref[i].add(h.T, cost, l, kind)
 			}
 		}
 		win := floorDiv(h.T, w0)
@@ -283,16 +396,17 @@ func Analyze(hits []Hit, opt Options) Result {
 		if !admitted {
 			continue
 		}
-		for i := range opt.Limits {
-			st.lab[i].admit(h.T, cost, opt.Fixed)
+		for i, l := range opt.Limits {
+			st.lab[i].add(h.T, cost, l, kind)
 		}
+		lvl := st.lab[0].level(h.T, opt.Limits[0], kind)
 		st.hasWindow = true
-		st.curMax = max(st.curMax, st.lab[0].sum)
+		st.curMax = max(st.curMax, lvl)
 		res.AllKeys[wi].Admitted++
-		res.AllKeys[wi].MaxTrailing = max(res.AllKeys[wi].MaxTrailing, st.lab[0].sum)
+		res.AllKeys[wi].MaxTrailing = max(res.AllKeys[wi].MaxTrailing, lvl)
 		if h.Key == opt.SeriesKey {
 			res.Series[wi].Admitted++
-			res.Series[wi].MaxTrailing = max(res.Series[wi].MaxTrailing, st.lab[0].sum)
+			res.Series[wi].MaxTrailing = max(res.Series[wi].MaxTrailing, lvl)
 		}
 	}
 	for _, st := range states {

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ratesync/ratelimit"
 )
 
 // Limit is one policy of a run: at most Max hits per Window and key.
@@ -56,7 +58,16 @@ type Config struct {
 	SyncTimeout time.Duration `json:"sync_timeout,omitempty"`
 	// Limits are checked on every hit (Allow with all of them). Required.
 	Limits []Limit `json:"limits"`
-	// Fixed checks fixed windows instead of sliding ones.
+	// Algorithm is every limit's algorithm, as ratelimit.ParseAlgorithm
+	// reads it: "sliding_window" (default), "fixed_window", "token_bucket"
+	// (or "gcra") or "sliding_log". Normalize spells it as
+	// ratelimit.Algorithm.String does.
+	Algorithm string `json:"algorithm"`
+	// Burst is the token bucket's capacity (Limit.Burst) for every limit;
+	// 0 means Max. Only with the token bucket.
+	Burst int64 `json:"burst,omitempty"`
+	// Fixed checks fixed windows instead of sliding ones: the same as
+	// Algorithm "fixed_window" (Normalize sets it from Algorithm).
 	Fixed bool `json:"fixed"`
 	// Duration is how long traffic runs: wall time, or simulated time when
 	// Simulated. Default 10 s.
@@ -104,6 +115,9 @@ type Config struct {
 	// MaxRecords caps the hits recorded for the accuracy analysis. Default
 	// 20,000,000 (16 bytes each).
 	MaxRecords int `json:"max_records"`
+	// SyncCycles records every node's sync cycle durations (Result.Sync)
+	// through Config.Observer, which costs an Observer call per check.
+	SyncCycles bool `json:"sync_cycles,omitempty"`
 	// Progress, when not nil, receives a progress line every second.
 	Progress func(string) `json:"-"`
 }
@@ -132,6 +146,20 @@ func (c *Config) Normalize() error {
 	}
 	if len(c.Limits) == 0 {
 		return errors.New("limits: at least one is required")
+	}
+	if c.Algorithm == "" && c.Fixed {
+		c.Algorithm = "fixed_window"
+	}
+	alg, err := ratelimit.ParseAlgorithm(c.Algorithm)
+	if err != nil {
+		return fmt.Errorf("algorithm: %w", err)
+	}
+	if c.Fixed && alg != ratelimit.FixedWindow {
+		return fmt.Errorf("algorithm: fixed (mode fixed) and %s together", alg)
+	}
+	c.Algorithm, c.Fixed = alg.String(), alg == ratelimit.FixedWindow
+	if c.Burst < 0 || (c.Burst != 0 && alg != ratelimit.TokenBucket) {
+		return fmt.Errorf("burst: %d is for the token bucket only, and must be positive (0 means Max)", c.Burst)
 	}
 	if c.SyncRate > 0 && c.SyncRate < time.Millisecond {
 		return errors.New("sync-rate: below the 1 ms minimum")
@@ -200,6 +228,15 @@ func (c *Config) Normalize() error {
 		c.MaxRecords = 20_000_000
 	}
 	return nil
+}
+
+// Alg returns c's algorithm (after Normalize).
+func (c *Config) Alg() ratelimit.Algorithm {
+	a, _ := ratelimit.ParseAlgorithm(c.Algorithm)
+	if c.Fixed {
+		return ratelimit.FixedWindow
+	}
+	return a
 }
 
 // Mode names the sync mode of c.

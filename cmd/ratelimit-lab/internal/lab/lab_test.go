@@ -2,12 +2,15 @@ package lab
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/ratesync/ratelimit"
 )
 
 // simConfig is a short simulated run on the memory store: 10 keys under
@@ -28,7 +31,7 @@ func run(t *testing.T, c Config) *Result {
 	return r
 }
 
-// TestAccuracyEvenLoad is the seed's target: at 90% of the limit, perfectly
+// TestAccuracyEvenLoad is the accuracy goal: at 90% of the limit, perfectly
 // even, the sliding window must reject under 0.1% of requests; it should in
 // fact reject none, on any number of nodes.
 func TestAccuracyEvenLoad(t *testing.T) {
@@ -158,4 +161,132 @@ func TestAccuracySparseKeys(t *testing.T) {
 	// f88a588 gives 3; since, 23).
 	assert.LessOrEqual(t, float64(a.MaxOver), 2*bound+1,
 		"worst window over-admitted by %d hits (mean %.2f) against 2B+1 = %.0f: nodes decide on stale totals for keys they see rarely", a.MaxOver, a.MeanOver, 2*bound+1)
+}
+
+// TestExactAlgorithmsMatchReference: where the library is exact (one local
+// node, or synchronous mode, where the store decides), its token bucket and
+// sliding log give exactly the reference's decisions, under Poisson bursts
+// at twice the limit. A reference that disagrees with the library's rule
+// (strategy.BucketFits, the log's (now-W, now] on milliseconds) fails here.
+func TestExactAlgorithmsMatchReference(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	for _, tc := range []struct {
+		alg   string
+		burst int64
+		nodes int
+		sync  time.Duration
+	}{
+		{"token_bucket", 0, 1, -1},
+		{"gcra", 30, 1, -1},
+		{"token_bucket", 30, 4, 0},
+		{"sliding_log", 0, 1, -1},
+		{"sliding_log", 0, 4, 0},
+	} {
+		c := simConfig(tc.nodes, 2)
+		c.Algorithm, c.Burst, c.SyncRate, c.Poisson, c.Duration = tc.alg, tc.burst, tc.sync, true, 5*time.Second
+		r := run(t, c)
+		a := r.PrimaryAccuracy()
+		name := fmt.Sprintf("%s burst %d, %d nodes, sync-rate %v", tc.alg, tc.burst, tc.nodes, tc.sync)
+		want := "sliding-log"
+		if tc.alg != "sliding_log" {
+			want = "token-bucket"
+		}
+		require.Equal(t, want, a.Reference, name)
+		require.Positive(t, a.Hits-a.Admitted, "%s: the load must make it refuse", name)
+		assert.Zero(t, a.ExcessAdmissions, name)
+		assert.Zero(t, a.FalseRejections, name)
+		assert.Zero(t, a.MaxOver, name)
+		assert.Equal(t, a.RefAdmitted, a.Admitted, name)
+	}
+}
+
+// TestTokenBucketOverload: a token bucket synced every 100 ms at twice its
+// rate overdraws by at most 2B tokens, like a sliding window.
+func TestTokenBucketOverload(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	for _, nodes := range []int{2, 8} {
+		c := simConfig(nodes, 2)
+		c.Algorithm, c.Duration = "token_bucket", 5*time.Second
+		r := run(t, c)
+		a := View(r.Accuracy.Bucket)
+		require.Equal(t, "bucket", r.Accuracy.Primary)
+		assert.LessOrEqual(t, float64(a.MaxOver), 2*r.Accuracy.Bound, "nodes=%d", nodes)
+		assert.InDelta(t, 1.0, a.AdmittedRatio, 0.05, "nodes=%d", nodes)
+	}
+}
+
+// TestTokenBucketAsyncOneNode: one node with a periodic sync decides alone,
+// so its bucket is the exact bucket: the same decisions, whatever the syncs.
+// Before e62d2c6 the store started a bucket it held no state for at the
+// push's instant (strategy.ApplyBucket), not at the first spend's, so the
+// refill between a new bucket's first spend and its first push was lost:
+// admitted/exact 0.9952 here, and every later rejection a false one.
+func TestTokenBucketAsyncOneNode(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	c := simConfig(1, 2)
+	c.Algorithm, c.Duration, c.Poisson = "token_bucket", 20*time.Second, true
+	r := run(t, c)
+	a := r.Accuracy.Bucket
+	require.Positive(t, a.Hits-a.Admitted)
+	assert.Zero(t, a.ExcessAdmissions)
+	assert.Zero(t, a.FalseRejections)
+	assert.Zero(t, a.MaxOver)
+	assert.Equal(t, a.RefAdmitted, a.Admitted)
+}
+
+// TestSlidingLogPeriodicRefused: the library refuses a sliding log with a
+// periodic sync, and the run says so before any traffic.
+func TestSlidingLogPeriodicRefused(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	c := simConfig(2, 2)
+	c.Algorithm = "sliding_log"
+	_, err := Run(context.Background(), c)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, ratelimit.ErrUnsupportedLimit)
+	assert.Contains(t, err.Error(), "sliding_log limits in async mode (sync-rate 100ms) are refused by the library")
+}
+
+// TestAlgorithmConfig: names, aliases and the burst's checks.
+func TestAlgorithmConfig(t *testing.T) {
+	for _, tc := range []struct {
+		alg   string
+		fixed bool
+		burst int64
+		want  string
+		ok    bool
+	}{
+		{"", false, 0, "sliding_window", true},
+		{"", true, 0, "fixed_window", true},
+		{"gcra", false, 5, "token_bucket", true},
+		{"sliding_log", false, 0, "sliding_log", true},
+		{"leaky", false, 0, "", false},
+		{"sliding_window", false, 5, "", false},
+		{"token_bucket", true, 0, "", false},
+		{"token_bucket", false, -1, "", false},
+	} {
+		c := simConfig(1, 1)
+		c.Algorithm, c.Fixed, c.Burst = tc.alg, tc.fixed, tc.burst
+		err := c.Normalize()
+		if !tc.ok {
+			assert.Error(t, err, "%+v", tc)
+			continue
+		}
+		require.NoError(t, err, "%+v", tc)
+		assert.Equal(t, tc.want, c.Algorithm)
+		assert.Equal(t, tc.want == "fixed_window", c.Fixed)
+	}
+}
+
+// TestSimulatedLocal: local nodes (SyncRate < 0) run no sync loop, so a
+// simulated run has nothing to park; it used to wait for ever on its first
+// check. Each local node counts alone: with round-robin over 2 nodes, each
+// admits the limit, so the pair admits twice it.
+func TestSimulatedLocal(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	c := simConfig(2, 4)
+	c.SyncRate, c.Duration = -1, 3*time.Second
+	r := run(t, c)
+	assert.Equal(t, int64(4*100*3*10), r.Checks)
+	assert.InDelta(t, 2.0, View(&r.Accuracy.Sliding).AdmittedRatio, 0.1)
+	assert.Equal(t, -1.0, r.Accuracy.Bound)
 }

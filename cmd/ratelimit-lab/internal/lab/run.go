@@ -33,29 +33,43 @@ type Latency struct {
 // Store summarises the store traffic of a run. Rates are per second of run
 // time (simulated time in simulated runs).
 type Store struct {
-	Pushes           int64   `json:"pushes"`
-	PushErrors       int64   `json:"push_errors"`
-	Diffs            int64   `json:"diffs"`
-	Reads            int64   `json:"reads"`
-	Fetches          int64   `json:"fetches"`
-	Fetched          int64   `json:"fetched"`
-	BytesSent        int64   `json:"bytes_sent"`
-	BytesReceived    int64   `json:"bytes_received"`
-	OpsPerSec        float64 `json:"ops_per_sec"`
-	BytesPerSec      float64 `json:"bytes_per_sec"`
-	CountersPerSec   float64 `json:"counters_per_sec"`
-	SyncErrors       int64   `json:"sync_errors"`
+	Pushes         int64   `json:"pushes"`
+	PushErrors     int64   `json:"push_errors"`
+	Diffs          int64   `json:"diffs"`
+	Reads          int64   `json:"reads"`
+	Fetches        int64   `json:"fetches"`
+	Fetched        int64   `json:"fetched"`
+	Takes          int64   `json:"takes"`
+	BucketDiffs    int64   `json:"bucket_diffs"`
+	BucketReads    int64   `json:"bucket_reads"`
+	BytesSent      int64   `json:"bytes_sent"`
+	BytesReceived  int64   `json:"bytes_received"`
+	OpsPerSec      float64 `json:"ops_per_sec"`
+	BytesPerSec    float64 `json:"bytes_per_sec"`
+	CountersPerSec float64 `json:"counters_per_sec"`
+	SyncErrors     int64   `json:"sync_errors"`
+	// CPUSeconds is the Redis server's CPU time over the traffic (INFO cpu:
+	// used_cpu_sys + used_cpu_user), CPUPerSec the same per wall second: on
+	// a server the run shares with nobody, the store's cost. -1 when not
+	// measured (not Redis, or INFO cpu unavailable).
+	CPUSeconds       float64 `json:"cpu_seconds"`
+	CPUPerSec        float64 `json:"cpu_per_sec"`
 	TrackedKeys      int     `json:"tracked_keys"`
 	TrackedKeysNodes []int   `json:"tracked_keys_per_node"`
 }
 
 // Accuracy compares the nodes' decisions with the exact reference limiters.
 type Accuracy struct {
-	// Sliding is judged against the sliding log; Fixed against fixed
-	// windows. Primary is the one matching the run's mode.
-	Sliding analysis.Result `json:"sliding"`
-	Fixed   analysis.Result `json:"fixed"`
-	Primary string          `json:"primary"`
+	// Sliding is judged against the sliding log (on milliseconds when the
+	// run's algorithm is the sliding log, as the library counts it; on
+	// nanoseconds otherwise); Fixed against fixed windows; Bucket, in
+	// token-bucket runs only, against a token bucket (GCRA) of the same
+	// rate and burst. Primary is the one matching the run's algorithm:
+	// "sliding" (sliding_window, sliding_log), "fixed" or "bucket".
+	Sliding analysis.Result  `json:"sliding"`
+	Fixed   analysis.Result  `json:"fixed"`
+	Bucket  *analysis.Result `json:"bucket,omitempty"`
+	Primary string           `json:"primary"`
 	// KeyRate is the mean offered rate per key, HotKeyRate the largest
 	// (hits/s).
 	KeyRate    float64 `json:"key_rate"`
@@ -94,6 +108,7 @@ type Result struct {
 	NodeChecksPerSec []float64 `json:"node_checks_per_sec"`
 
 	Latency  Latency             `json:"latency"`
+	Sync     *SyncCycles         `json:"sync,omitempty"` // with Config.SyncCycles
 	Hist     *analysis.Histogram `json:"-"`
 	Store    Store               `json:"store"`
 	Accuracy Accuracy            `json:"accuracy"`
@@ -128,7 +143,8 @@ func (w *worker) record(h analysis.Hit) {
 
 // cluster is a run's nodes.
 type cluster struct {
-	sim    *simClock // released before Close, which waits for the sync loops
+	obs    *cycleObserver // with Config.SyncCycles
+	sim    *simClock      // released before Close, which waits for the sync loops
 	regs   []*ratelimit.Registry
 	nodes  []*ratelimit.Namespace
 	stores stores
@@ -149,6 +165,9 @@ func (c *cluster) close() {
 
 func newCluster(ctx context.Context, cfg *Config, name string, clock func() time.Time, sim *simClock) (*cluster, error) {
 	c := &cluster{stores: stores{cfg: cfg}, sim: sim}
+	if cfg.SyncCycles {
+		c.obs = &cycleObserver{}
+	}
 	windows := []time.Duration{}
 	for _, l := range cfg.Limits {
 		if !slices.Contains(windows, l.Window) {
@@ -163,6 +182,9 @@ func newCluster(ctx context.Context, cfg *Config, name string, clock func() time
 			Clock:       clock,
 			MaxKeys:     max(1<<20, 2*cfg.Keys),
 			SyncTimeout: cfg.SyncTimeout,
+		}
+		if c.obs != nil {
+			rc.Observer = c.obs
 		}
 		if cfg.SyncRate >= 0 {
 			s, err := c.stores.node(ctx, &c.counts)
@@ -207,9 +229,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	defer cl.close()
-	if sim != nil && cfg.SyncRate >= 0 {
-		if err := sim.awaitParked(cfg.Nodes); err != nil {
-			return nil, err
+	if sim != nil {
+		if cfg.SyncRate >= 0 {
+			if err := sim.awaitParked(cfg.Nodes); err != nil {
+				return nil, err
+			}
+		} else {
+			// Local nodes run no loop: nothing to park, and a parked clock
+			// would block the first check for ever.
+			sim.parking.Store(false)
 		}
 	}
 
@@ -220,9 +248,30 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	rates := keyRates(cfg.Keys, cfg.Rate, cfg.Dist, cfg.ZipfS)
 	limits := make([]ratelimit.Limit, len(cfg.Limits))
 	for i, l := range cfg.Limits {
-		limits[i] = ratelimit.Limit{Window: l.Window, Max: l.Max, Fixed: cfg.Fixed}
+		limits[i] = ratelimit.Limit{Window: l.Window, Max: l.Max, Algorithm: cfg.Alg(), Burst: cfg.Burst}
+	}
+	// The library refuses some limits in some modes (a sliding log with a
+	// periodic sync): say so before any traffic, with its error.
+	if err := cl.nodes[0].CheckLimits(1, limits...); err != nil {
+		return nil, fmt.Errorf("%s limits in %s mode (sync-rate %v) are refused by the library: %w", cfg.Algorithm, cfg.Mode(), cfg.SyncRate, err)
 	}
 
+	cpu0 := -1.0
+	if cfg.Strategy == "redis" {
+		if v, err := redisCPU(ctx, cfg.RedisAddr); err == nil {
+			cpu0 = v
+		}
+	}
+	if cl.obs != nil {
+		if cfg.Simulated || cfg.Warmup == 0 {
+			cl.obs.set(true)
+		} else {
+			// The cycles of the warm-up (dialing, loading scripts) are left
+			// out, as its hits are.
+			t := time.AfterFunc(cfg.Warmup, func() { cl.obs.set(true) })
+			defer t.Stop()
+		}
+	}
 	var workers []*worker
 	start := time.Now()
 	from := start.Add(cfg.Warmup).UnixNano()
@@ -235,6 +284,18 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		res.RunTime = time.Since(start)
 	}
 	res.Wall = time.Since(start)
+	if cl.obs != nil {
+		cl.obs.set(false) // Close's flush is not a cycle of the run
+		sc := cl.obs.summary()
+		res.Sync = &sc
+	}
+	res.Store.CPUSeconds, res.Store.CPUPerSec = -1, -1
+	if cpu0 >= 0 {
+		if v, err := redisCPU(ctx, cfg.RedisAddr); err == nil {
+			res.Store.CPUSeconds = v - cpu0
+			res.Store.CPUPerSec = res.Store.CPUSeconds / res.Wall.Seconds()
+		}
+	}
 
 	// Node state before Close flushes and forgets it.
 	res.Store.TrackedKeysNodes = make([]int, len(cl.nodes))
@@ -450,11 +511,12 @@ func summarise(res *Result, cfg *Config, ws []*worker, rates []float64, cl *clus
 	st.Pushes, st.PushErrors = c.Pushes.Load(), c.PushErrors.Load()
 	st.Diffs, st.Reads = c.Diffs.Load(), c.Reads.Load()
 	st.Fetches, st.Fetched = c.Fetches.Load(), c.Fetched.Load()
+	st.Takes, st.BucketDiffs, st.BucketReads = c.Takes.Load(), c.BucketDiffs.Load(), c.BucketReads.Load()
 	st.BytesSent, st.BytesReceived = c.BytesSent.Load(), c.BytesReceived.Load()
 	rt := res.RunTime.Seconds()
-	st.OpsPerSec = float64(st.Pushes+st.Fetches+c.Windows.Load()) / rt
+	st.OpsPerSec = float64(st.Pushes+st.Fetches+c.Windows.Load()+st.Takes) / rt
 	st.BytesPerSec = float64(st.BytesSent+st.BytesReceived) / rt
-	st.CountersPerSec = float64(st.Diffs+st.Reads+st.Fetched) / rt
+	st.CountersPerSec = float64(st.Diffs+st.Reads+st.Fetched+st.BucketDiffs+st.BucketReads) / rt
 
 	acc := &res.Accuracy
 	acc.Recorded = int64(len(hits))
@@ -463,11 +525,22 @@ func summarise(res *Result, cfg *Config, ws []*worker, rates []float64, cl *clus
 	for i, l := range cfg.Limits {
 		limits[i] = analysis.Limit{Window: int64(l.Window), Max: l.Max}
 	}
-	acc.Sliding = analysis.Analyze(hits, analysis.Options{Limits: limits, SeriesKey: 0, From: from})
+	var res0 int64 // the sliding log's resolution: ns, or ms as the library's log counts
+	if cfg.Alg() == ratelimit.SlidingLog {
+		res0 = int64(time.Millisecond)
+	}
+	acc.Sliding = analysis.Analyze(hits, analysis.Options{Limits: limits, SeriesKey: 0, From: from, Resolution: res0})
 	acc.Fixed = analysis.Analyze(hits, analysis.Options{Limits: limits, Fixed: true, SeriesKey: 0, From: from})
 	acc.Primary = "sliding"
-	if cfg.Fixed {
+	switch cfg.Alg() {
+	case ratelimit.FixedWindow:
 		acc.Primary = "fixed"
+	case ratelimit.TokenBucket:
+		for i := range limits {
+			limits[i].Burst = cfg.Burst
+		}
+		b := analysis.Analyze(hits, analysis.Options{Limits: limits, Kind: analysis.TokenBucket, SeriesKey: 0, From: from})
+		acc.Bucket, acc.Primary = &b, "bucket"
 	}
 	acc.KeyRate = cfg.Rate
 	acc.HotKeyRate = slices.Max(rates)
@@ -488,9 +561,12 @@ func summarise(res *Result, cfg *Config, ws []*worker, rates []float64, cl *clus
 	}
 }
 
-// PrimaryAccuracy returns the accuracy result of the run's mode.
+// PrimaryAccuracy returns the accuracy result of the run's algorithm.
 func (r *Result) PrimaryAccuracy() *analysis.Result {
-	if r.Config.Fixed {
+	switch {
+	case r.Accuracy.Primary == "bucket" && r.Accuracy.Bucket != nil:
+		return r.Accuracy.Bucket
+	case r.Config.Fixed:
 		return &r.Accuracy.Fixed
 	}
 	return &r.Accuracy.Sliding

@@ -25,6 +25,9 @@ type StoreCounts struct {
 	Fetches       atomic.Int64 // GetCounters calls
 	Fetched       atomic.Int64 // counters GetCounters returned
 	Windows       atomic.Int64 // GetWindow calls
+	Takes         atomic.Int64 // strategy.Taker calls (synchronous token buckets and sliding logs)
+	BucketDiffs   atomic.Int64 // token-bucket diffs sent within pushes
+	BucketReads   atomic.Int64 // token buckets read within pushes
 	Purges        atomic.Int64
 	BytesSent     atomic.Int64 // payload estimate, see counting
 	BytesReceived atomic.Int64
@@ -40,7 +43,9 @@ const (
 	valueBytes = 8
 )
 
-// counting wraps a strategy.Strategy and counts its calls into c.
+// counting wraps a strategy.Strategy and counts its calls into c. It passes
+// the store's capabilities (watches, token buckets, Take) on, so the nodes
+// use the same protocol as they would on the bare store.
 type counting struct {
 	inner strategy.Strategy
 	c     *StoreCounts
@@ -54,15 +59,23 @@ func (s counting) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Re
 	for i := range b.Reads {
 		sent += int64(len(b.Reads[i].Key)) + idBytes
 	}
+	for i := range b.BucketDiffs {
+		sent += int64(len(b.BucketDiffs[i].Key)) + idBytes + 3*valueBytes
+	}
+	for i := range b.BucketReads {
+		sent += int64(len(b.BucketReads[i].Key)) + idBytes
+	}
 	s.c.Pushes.Add(1)
 	s.c.Diffs.Add(int64(len(b.Diffs)))
 	s.c.Reads.Add(int64(len(b.Reads)))
+	s.c.BucketDiffs.Add(int64(len(b.BucketDiffs)))
+	s.c.BucketReads.Add(int64(len(b.BucketReads)))
 	s.c.BytesSent.Add(sent)
 	res, err := s.inner.PushDiffs(ctx, b)
 	if err != nil {
 		s.c.PushErrors.Add(1)
 	} else {
-		s.c.BytesReceived.Add(int64(len(res.Totals)+len(res.Reads)) * valueBytes)
+		s.c.BytesReceived.Add(int64(len(res.Totals)+len(res.Reads)+2*len(res.Buckets)) * valueBytes)
 	}
 	return res, err
 }
@@ -92,6 +105,18 @@ func (s counting) GetWindow(ctx context.Context, namespace string, id strategy.C
 	s.c.BytesSent.Add(int64(len(namespace)+len(id.Key)) + idBytes)
 	s.c.BytesReceived.Add(valueBytes)
 	return s.inner.GetWindow(ctx, namespace, id)
+}
+
+// Capabilities are the wrapped store's.
+func (s counting) Capabilities() strategy.Capabilities { return strategy.CapabilitiesOf(s.inner) }
+
+// Take counts a strategy.Taker call; the namespace makes one only when the
+// wrapped store's capabilities include Take.
+func (s counting) Take(ctx context.Context, t *strategy.Take) (strategy.TakeResult, error) {
+	s.c.Takes.Add(1)
+	s.c.BytesSent.Add(int64(len(t.ID)+len(t.Namespace)+len(t.Key)) + idBytes)
+	s.c.BytesReceived.Add(2 * valueBytes)
+	return s.inner.(strategy.Taker).Take(ctx, t)
 }
 
 func (s counting) Purge(ctx context.Context, now int64) error {
@@ -125,6 +150,8 @@ func (s *stores) node(ctx context.Context, c *StoreCounts) (strategy.Strategy, e
 			PoolTimeout:  2 * time.Second,
 			MaxRetries:   2, // safe: every push carries a batch ID
 			PoolSize:     max(10, s.cfg.Workers+4),
+
+			ContextTimeoutEnabled: true,
 		})
 		if err := client.Ping(ctx).Err(); err != nil {
 			_ = client.Close()

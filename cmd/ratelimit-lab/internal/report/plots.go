@@ -5,12 +5,17 @@ import (
 	"fmt"
 	"image/color"
 	"math"
+	"os"
 	"slices"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+	"gonum.org/v1/plot/vg/vgsvg"
 
 	"github.com/ratesync/ratelimit/cmd/ratelimit-lab/internal/lab"
 )
@@ -44,9 +49,13 @@ func PlotWindows(r *lab.Result, file string) error {
 		}
 		return xy
 	}
+	capacity := float64(r.Config.Limits[0].Max)
+	if a.Reference == "token-bucket" && r.Config.Burst > 0 {
+		capacity = float64(r.Config.Burst)
+	}
 	limit := make(plotter.XYs, 2)
-	limit[0] = plotter.XY{X: 0, Y: float64(r.Config.Limits[0].Max)}
-	limit[1] = plotter.XY{X: float64(len(a.Series)-1) * w0, Y: float64(r.Config.Limits[0].Max)}
+	limit[0] = plotter.XY{X: 0, Y: capacity}
+	limit[1] = plotter.XY{X: float64(len(a.Series)-1) * w0, Y: capacity}
 	err := plotutil.AddLines(p,
 		"key 0 offered", pts(func(i int) int64 { return a.Series[i].Offered }),
 		"key 0 admitted (aligned window)", pts(func(i int) int64 { return a.Series[i].Admitted }),
@@ -128,17 +137,30 @@ func (percentileTicks) Ticks(lo, hi float64) []plot.Tick {
 }
 
 // PlotSweep draws the largest over-admission per window against SyncRate,
-// one line per node count, with the bound nodes x per-node rate x SyncRate.
-// Both axes are logarithmic; an over-admission of 0 is drawn at 0.5.
+// one line per node count (and per algorithm, when the runs have several),
+// with the bound nodes x per-node rate x SyncRate. Both axes are
+// logarithmic; an over-admission of 0 is drawn at 0.5.
 func PlotSweep(rs []*lab.Result, file string) error {
-	byNodes := map[int]plotter.XYs{}
+	type series struct {
+		alg   string
+		nodes int
+	}
+	byNodes := map[series]plotter.XYs{}
 	bound := map[float64]float64{}
+	algs := map[string]bool{}
+	for _, r := range rs {
+		algs[r.Config.Algorithm] = true
+	}
 	for _, r := range rs {
 		if r.Config.SyncRate <= 0 {
 			continue
 		}
 		x := r.Config.SyncRate.Seconds()
-		byNodes[r.Config.Nodes] = append(byNodes[r.Config.Nodes], plotter.XY{X: x, Y: math.Max(float64(r.PrimaryAccuracy().MaxOver), 0.5)})
+		s := series{nodes: r.Config.Nodes}
+		if len(algs) > 1 {
+			s.alg = r.Config.Algorithm
+		}
+		byNodes[s] = append(byNodes[s], plotter.XY{X: x, Y: math.Max(float64(r.PrimaryAccuracy().MaxOver), 0.5)})
 		bound[x] = math.Max(bound[x], r.Accuracy.Bound)
 	}
 	if len(byNodes) == 0 {
@@ -153,16 +175,24 @@ func PlotSweep(rs []*lab.Result, file string) error {
 	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	var nodes []int
-	for n := range byNodes {
-		nodes = append(nodes, n)
+	if len(algs) > 1 {
+		p.Title.Text = fmt.Sprintf("Worst over-admission per window vs SyncRate by algorithm (%s, limit %v, %.3g hits/s per key, %s)", c.Strategy, c.Limits[0], c.Rate, c.LB)
+		p.Y.Label.Text = "most over the limit in a window (hits or tokens)"
 	}
-	slices.Sort(nodes)
+	var keys []series
+	for n := range byNodes {
+		keys = append(keys, n)
+	}
+	slices.SortFunc(keys, func(a, b series) int { return cmp.Or(cmp.Compare(a.alg, b.alg), cmp.Compare(a.nodes, b.nodes)) })
 	var vs []any
-	for _, n := range nodes {
-		xy := byNodes[n]
+	for _, k := range keys {
+		xy := byNodes[k]
 		slices.SortFunc(xy, byX)
-		vs = append(vs, fmt.Sprintf("%d nodes", n), xy)
+		name := fmt.Sprintf("%d nodes", k.nodes)
+		if k.alg != "" {
+			name = k.alg + ", " + name
+		}
+		vs = append(vs, name, xy)
 	}
 	if err := plotutil.AddLinePoints(p, vs...); err != nil {
 		return err
@@ -207,3 +237,96 @@ func PlotSweep(rs []*lab.Result, file string) error {
 
 // byX orders points by X.
 func byX(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) }
+
+// PlotFleet draws, against the node count, the store's CPU per second (top;
+// skipped when not measured) and the over-admission (bottom: the worst and
+// the mean over key-windows), one above the other in one file.
+func PlotFleet(rs []*lab.Result, file string) error {
+	if len(rs) == 0 {
+		return fmt.Errorf("no fleet runs to plot")
+	}
+	c := rs[0].Config
+	var cpu, maxOver, meanOver, cycleP99 plotter.XYs
+	for _, r := range rs {
+		x := float64(r.Config.Nodes)
+		if r.Store.CPUPerSec >= 0 {
+			cpu = append(cpu, plotter.XY{X: x, Y: r.Store.CPUPerSec})
+		}
+		if r.Sync != nil {
+			cycleP99 = append(cycleP99, plotter.XY{X: x, Y: float64(r.Sync.P99) / 1e9})
+		}
+		a := r.PrimaryAccuracy()
+		maxOver = append(maxOver, plotter.XY{X: x, Y: float64(a.MaxOver)})
+		meanOver = append(meanOver, plotter.XY{X: x, Y: a.MeanOver})
+	}
+	var rows []*plot.Plot
+	top := plot.New()
+	top.Title.Text = fmt.Sprintf("Fleet: %d keys (%s s=%.2g), %.0f hits/s offered, limit %v, %s sync-rate %v, %s",
+		c.Keys, c.Dist, c.ZipfS, c.Rate*float64(c.Keys), c.Limits[0], c.Strategy, c.SyncRate, c.LB)
+	top.Title.TextStyle.Font.Size = vg.Points(9)
+	top.X.Label.Text = "nodes"
+	top.Y.Label.Text = "store CPU s/s; sync cycle p99 (s)"
+	var vs []any
+	if len(cpu) > 0 {
+		vs = append(vs, "store CPU seconds per wall second (INFO cpu)", cpu)
+	}
+	if len(cycleP99) > 0 {
+		vs = append(vs, "sync cycle p99 (s)", cycleP99)
+	}
+	if len(vs) > 0 {
+		if err := plotutil.AddLinePoints(top, vs...); err != nil {
+			return err
+		}
+		top.Y.Min = 0
+		top.Legend.Top, top.Legend.Left = true, true
+		top.Legend.TextStyle.Font.Size = vg.Points(8)
+		top.Y.Max *= 1.3
+		rows = append(rows, top)
+	}
+	bottom := plot.New()
+	bottom.X.Label.Text = "nodes"
+	bottom.Y.Label.Text = "over the limit in a window (hits)"
+	if err := plotutil.AddLinePoints(bottom, "worst key-window", maxOver, "mean over key-windows", meanOver); err != nil {
+		return err
+	}
+	bottom.Y.Min = 0
+	bottom.Legend.Top, bottom.Legend.Left = true, true
+	bottom.Legend.TextStyle.Font.Size = vg.Points(8)
+	bottom.Y.Max = bottom.Y.Max*1.3 + 1
+	rows = append(rows, bottom)
+	if len(rows) == 1 {
+		bottom.Title = top.Title
+		return bottom.Save(plotW, plotH, file)
+	}
+	return saveStack(rows, file)
+}
+
+// saveStack draws plots one above the other in one file (svg or png by its
+// extension).
+func saveStack(ps []*plot.Plot, file string) error {
+	w, h := plotW, plotH*vg.Length(len(ps))*0.75
+	var canvas vg.CanvasWriterTo
+	if strings.HasSuffix(file, ".png") {
+		canvas = vgimg.PngCanvas{Canvas: vgimg.New(w, h)}
+	} else {
+		canvas = vgsvg.New(w, h)
+	}
+	grid := make([][]*plot.Plot, len(ps))
+	for i, p := range ps {
+		grid[i] = []*plot.Plot{p}
+	}
+	tiles := draw.Tiles{Rows: len(ps), Cols: 1, PadX: vg.Millimeter, PadY: 4 * vg.Millimeter, PadTop: 2 * vg.Millimeter, PadBottom: 2 * vg.Millimeter, PadLeft: 2 * vg.Millimeter, PadRight: 2 * vg.Millimeter}
+	cs := plot.Align(grid, tiles, draw.New(canvas))
+	for i, p := range ps {
+		p.Draw(cs[i][0])
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := canvas.WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
