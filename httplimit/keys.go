@@ -15,8 +15,9 @@ import (
 // the middleware answers it with Options.KeyErrorStatus, never 429.
 type KeyFunc func(*http.Request) (string, error)
 
-// ErrNoKey is returned (wrapped) by the provided key functions when the
-// request lacks what they read: the header, the API key, a parsable address.
+// ErrNoKey is returned (wrapped) by the key functions of this package when
+// the request lacks what they read: the header, the API key, a parsable
+// address.
 var ErrNoKey = errors.New("httplimit: no key in request")
 
 // IPOptions configure KeyByIP and ClientIP.
@@ -33,7 +34,13 @@ type IPOptions struct {
 	// "X-Forwarded-For" (comma-separated addresses, the default) or
 	// "Forwarded" (RFC 7239, its for= parameters). Any other name is read
 	// like X-Forwarded-For. Name only the header your proxies append to: a
-	// header they pass through untouched is the client's to forge.
+	// header they pass through untouched is the client's to forge. Its lines
+	// are read from the last to the first and each from right to left, so
+	// the elements the proxies appended (to the client's line or in a line
+	// of their own) are parsed before anything the client wrote: a malformed
+	// client part, such as an unterminated quote, cannot swallow them. A
+	// Forwarded element that is not well formed ends the walk like an entry
+	// that is not an address.
 	Header string
 	// IPv6Prefix groups IPv6 clients by network: a client usually holds a
 	// whole /64, so limiting single addresses would let it rotate through
@@ -93,8 +100,9 @@ func (o *IPOptions) trusted(a netip.Addr) bool {
 // ClientIP returns the client's address: the peer's (RemoteAddr), or, when
 // the peer is a trusted proxy, the first untrusted address of the forwarding
 // header read from right to left. An entry that is not an address ("unknown",
-// an obfuscated identifier, garbage) ends the walk: the hop that reported it
-// is the client. It returns an error matching ErrNoKey when RemoteAddr is not
+// an obfuscated identifier, garbage, a malformed Forwarded element) ends the
+// walk: the hop that reported it is the client, so the key is always an
+// address a trusted proxy vouched for. It returns an error matching ErrNoKey when RemoteAddr is not
 // an address, or an error naming the bad option. It never panics.
 func ClientIP(r *http.Request, opts IPOptions) (netip.Addr, error) {
 	o, err := opts.normalize()
@@ -112,89 +120,24 @@ func (o *IPOptions) clientIP(r *http.Request) (netip.Addr, error) {
 	if len(o.TrustedProxies) == 0 || !o.trusted(peer) {
 		return peer, nil
 	}
-	var ring [maxHops]string
-	n := 0
+	w := hopWalk{o: o, client: peer}
 	forwarded := o.Header == "Forwarded"
-	for _, line := range r.Header[o.Header] {
+	lines := r.Header[o.Header]
+	// Lines are walked from the last (the nearest proxy's) to the first, each
+	// from right to left.
+	for i := len(lines) - 1; i >= 0; i-- {
+		if lines[i] == "" {
+			continue
+		}
 		if forwarded {
-			n = forwardedFor(line, &ring, n)
-		} else {
-			for line != "" {
-				var e string
-				e, line, _ = strings.Cut(line, ",")
-				ring[n%maxHops] = e
-				n++
+			if !forwardedHops(lines[i], &w) {
+				break
 			}
-		}
-	}
-	client := peer
-	for i := n - 1; i >= 0 && i >= n-maxHops; i-- {
-		a, ok := parseAddr(strings.TrimSpace(ring[i%maxHops]))
-		if !ok {
-			break
-		}
-		client = a
-		if !o.trusted(a) {
+		} else if !xffHops(lines[i], &w) {
 			break
 		}
 	}
-	return client, nil
-}
-
-// forwardedFor appends the for= values of a Forwarded header line (RFC 7239:
-// elements separated by commas, pairs by semicolons, values tokens or quoted
-// strings) to ring. An element without for= records "" so the walk stops
-// there.
-func forwardedFor(line string, ring *[maxHops]string, n int) int {
-	elem, found := "", false
-	for i := 0; i <= len(line); {
-		// Read one pair: name=value, up to ';' or ',' outside quotes.
-		j := i
-		for j < len(line) && line[j] != '=' && line[j] != ';' && line[j] != ',' {
-			j++
-		}
-		name := strings.TrimSpace(line[i:j])
-		var value string
-		if j < len(line) && line[j] == '=' {
-			j++
-			for j < len(line) && (line[j] == ' ' || line[j] == '\t') {
-				j++
-			}
-			if j < len(line) && line[j] == '"' {
-				k := j + 1
-				for k < len(line) && line[k] != '"' {
-					if line[k] == '\\' {
-						k++
-					}
-					k++
-				}
-				value = line[j+1 : min(k, len(line))]
-				j = min(k+1, len(line))
-			} else {
-				k := j
-				for k < len(line) && line[k] != ';' && line[k] != ',' {
-					k++
-				}
-				value = strings.TrimSpace(line[j:k])
-				j = k
-			}
-			for j < len(line) && line[j] != ';' && line[j] != ',' {
-				j++ // garbage after a value
-			}
-		}
-		if name != "" && strings.EqualFold(name, "for") && !found {
-			elem, found = value, true
-		}
-		if j >= len(line) || line[j] == ',' {
-			if found || name != "" {
-				ring[n%maxHops] = elem
-				n++
-			}
-			elem, found = "", false
-		}
-		i = j + 1
-	}
-	return n
+	return w.client, nil
 }
 
 // parseAddr parses an address as it appears in RemoteAddr and forwarding
@@ -268,8 +211,9 @@ func KeyByHeader(name string) KeyFunc {
 // KeyByAPIKey returns a KeyFunc keyed on an API key taken from a header or,
 // when the header is absent, a query parameter; either name may be "" to skip
 // that source. From an Authorization header, the credentials of a "Bearer"
-// scheme are the key. Keys look like "key:abc123". No key is an error
-// matching ErrNoKey.
+// scheme are the key, and a scheme without credentials is no key. A header
+// value of only whitespace is no key. Keys look like "key:abc123". No key is
+// an error matching ErrNoKey.
 //
 // The key is used as the client's identity only: it is not checked. Put the
 // middleware after authentication if unauthenticated keys must not be
@@ -278,14 +222,8 @@ func KeyByAPIKey(header, query string) KeyFunc {
 	header = http.CanonicalHeaderKey(header)
 	return func(r *http.Request) (string, error) {
 		if header != "" {
-			if v := r.Header[header]; len(v) > 0 && v[0] != "" {
-				k := v[0]
-				if header == "Authorization" {
-					if scheme, cred, ok := strings.Cut(k, " "); ok && strings.EqualFold(scheme, "Bearer") {
-						k = strings.TrimSpace(cred)
-					}
-				}
-				if k != "" {
+			if v := r.Header[header]; len(v) > 0 {
+				if k := headerKey(header, v[0]); k != "" {
 					return "key:" + k, nil
 				}
 			}
@@ -297,6 +235,28 @@ func KeyByAPIKey(header, query string) KeyFunc {
 		}
 		return "", fmt.Errorf("%w: no API key (header %q, query parameter %q)", ErrNoKey, header, query)
 	}
+}
+
+// headerKey returns the API key a header value holds, or "" for none. An
+// Authorization value is "scheme credentials": a scheme without credentials
+// ("Bearer", or "Bearer " whose trailing space the server trimmed) is no key,
+// never the key "Bearer" shared by every client that sends it; the key of a
+// Bearer scheme is its token, that of another scheme the scheme and its
+// credentials.
+func headerKey(header, v string) string {
+	v = strings.Trim(v, " \t")
+	if header != "Authorization" {
+		return v
+	}
+	i := strings.IndexAny(v, " \t")
+	if i < 0 {
+		return ""
+	}
+	scheme, cred := v[:i], strings.TrimLeft(v[i:], " \t")
+	if strings.EqualFold(scheme, "Bearer") {
+		return cred
+	}
+	return scheme + " " + cred
 }
 
 // queryValue returns the first value of name in a raw query, unescaped,

@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/dunglas/httpsfv"
 
@@ -39,6 +41,12 @@ type Options struct {
 	// open, that is, decide from this node's own counts, which only ever
 	// admits more than the cluster-wide counts would.
 	FailClosed bool
+	// Queue, when positive, holds a request matching no Rule that its limits
+	// reject for up to Queue, instead of answering 429 at once: when the
+	// limits would admit it within Queue (and within the request's own
+	// deadline), the middleware waits (Namespace.Wait) and then serves it.
+	// Traffic is shaped rather than refused. Default 0: no waiting.
+	Queue time.Duration
 
 	// Rules give routes their own limits, key and failure mode. A request is
 	// matched against the patterns as http.ServeMux matches them (Go 1.22
@@ -88,6 +96,8 @@ type Rule struct {
 	Cost int64
 	// FailClosed: see Options.FailClosed. Rules do not inherit it.
 	FailClosed bool
+	// Queue: see Options.Queue. Rules do not inherit it.
+	Queue time.Duration
 }
 
 // rule is a Rule compiled for serving.
@@ -98,9 +108,11 @@ type rule struct {
 	keyFunc    KeyFunc
 	cost       int64
 	failClosed bool
+	queue      time.Duration
 	policy     string   // the RateLimit-Policy value
 	names      []string // per limit: its name as a structured-field string
 	maxes      []string // per limit: Max, for X-RateLimit-Limit
+	fieldLen   int      // the longest RateLimit field value the rule writes
 }
 
 // core is the compiled configuration, shared by every handler New's
@@ -168,7 +180,7 @@ func New(opts Options) (func(http.Handler) http.Handler, error) {
 		m.clock = time.Now
 	}
 	var err error
-	if m.def, err = m.compile("Options", Rule{Limits: opts.Limits, KeyFunc: opts.KeyFunc, Cost: opts.Cost, FailClosed: opts.FailClosed}); err != nil {
+	if m.def, err = m.compile("Options", Rule{Limits: opts.Limits, KeyFunc: opts.KeyFunc, Cost: opts.Cost, FailClosed: opts.FailClosed, Queue: opts.Queue}); err != nil {
 		return nil, err
 	}
 	if len(opts.Rules) > 0 {
@@ -216,7 +228,10 @@ func (m *core) compile(field string, r Rule) (*rule, error) {
 	if r.Cost < 0 {
 		return nil, fmt.Errorf("httplimit: %s: Cost %d is negative", field, r.Cost)
 	}
-	c := &rule{limits: append([]ratelimit.Limit(nil), r.Limits...), keyFunc: r.KeyFunc, cost: r.Cost, failClosed: r.FailClosed}
+	if r.Queue < 0 {
+		return nil, fmt.Errorf("httplimit: %s: Queue %v is negative", field, r.Queue)
+	}
+	c := &rule{limits: append([]ratelimit.Limit(nil), r.Limits...), keyFunc: r.KeyFunc, cost: r.Cost, failClosed: r.FailClosed, queue: r.Queue}
 	if len(c.limits) == 0 {
 		return c, nil
 	}
@@ -232,9 +247,11 @@ func (m *core) compile(field string, r Rule) (*rule, error) {
 			return nil, fmt.Errorf("httplimit: %s: policy name %q: %w", field, name, err)
 		}
 		c.names = append(c.names, s)
-		c.maxes = append(c.maxes, strconv.FormatInt(l.Max, 10))
-		item.Params.Add("q", min(l.Max, maxSFInteger))
-		item.Params.Add("w", windowSeconds(l.Window))
+		c.fieldLen = max(c.fieldLen, len(s)+len(";r=;t=")+2*len("999999999999999"))
+		q, w := quota(l)
+		c.maxes = append(c.maxes, strconv.FormatInt(q, 10))
+		item.Params.Add("q", min(q, maxSFInteger))
+		item.Params.Add("w", windowSeconds(w))
 		policy = append(policy, item)
 	}
 	s, err := httpsfv.Marshal(policy)
@@ -245,10 +262,49 @@ func (m *core) compile(field string, r Rule) (*rule, error) {
 	return c, nil
 }
 
+// quota returns a limit's quota and window as the IETF fields express them:
+// Max per Window; for a token bucket, its Burst per the time the Burst takes
+// to refill (Burst × Window / Max), so that q per w is both the most a client
+// may send at once and the steady rate.
+func quota(l ratelimit.Limit) (int64, time.Duration) {
+	if l.Algorithm != ratelimit.TokenBucket {
+		return l.Max, l.Window
+	}
+	b := l.Burst
+	if b == 0 {
+		b = l.Max
+	}
+	return b, time.Duration(float64(l.Window) * float64(b) / float64(l.Max))
+}
+
 // maxSFInteger is the largest structured-field integer (RFC 9651: 15 digits).
 const maxSFInteger = 999_999_999_999_999
 
 // windowSeconds is a window in whole seconds, rounded up, at least 1: the
+
+// answer writes a decision's headers (unless hidden) and, when it rejects,
+// the 429; it reports whether the request may go on. The headers describe the
+// binding limit, d.Limit, found among the rule's limits.
+// A spare of at least ru.fieldLen free bytes (see writeHeaders) saves an
+// allocation.
+func (m *core) answer(w http.ResponseWriter, h http.Header, ru *rule, d ratelimit.Decision, spare []byte) bool {
+	i := 0
+	for j := range ru.limits {
+		if ru.limits[j] == d.Limit {
+			i = j
+			break
+		}
+	}
+	if !m.hide {
+		m.writeHeaders(h, ru, i, d, spare)
+	}
+	if !d.Allowed {
+		m.reject(w, ru, i, d)
+		return false
+	}
+	return true
+}
+
 // w parameter has no finer unit.
 func windowSeconds(d time.Duration) int64 {
 	return max(ceilSeconds(d), 1)
@@ -301,7 +357,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ru.prefix != "" {
 		key = ru.prefix + key
 	}
-	d, err := m.ns.Allow(r.Context(), key, ru.cost, ru.limits...)
+	d, err := m.decide(r, key, ru)
 	if err != nil {
 		// Not a store failure (those come back as Degraded): the namespace is
 		// closed or the request's context is nil. Treat it like one.
@@ -328,33 +384,44 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	i := 0
-	for j := range ru.limits {
-		if ru.limits[j] == d.Limit {
-			i = j
-			break
-		}
-	}
-	if !m.hide {
-		m.writeHeaders(h, ru, i, d)
-	}
-	if !d.Allowed {
-		m.reject(w, ru, i, d)
+	if !m.answer(w, h, ru, d, nil) {
 		return
 	}
 	m.next.ServeHTTP(w, r)
 }
 
-func (m *core) writeHeaders(h http.Header, ru *rule, i int, d ratelimit.Decision) {
-	var buf [96]byte
-	b := append(buf[:0], ru.names[i]...)
-	b = append(b, ";r="...)
-	r0 := len(b)
-	b = strconv.AppendInt(b, min(d.Remaining, maxSFInteger), 10)
-	r1 := len(b)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, min(ceilSeconds(d.Reset), maxSFInteger), 10)
-	rl := string(b)
+// decide is Allow, or for a rule that queues, Wait for up to its Queue: a
+// request that cannot be admitted in time gets the rejection.
+func (m *core) decide(r *http.Request, key string, ru *rule) (ratelimit.Decision, error) {
+	if ru.queue <= 0 {
+		return m.ns.Allow(r.Context(), key, ru.cost, ru.limits...)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), ru.queue)
+	defer cancel()
+	d, err := m.ns.Wait(ctx, key, ru.cost, ru.limits...)
+	if errors.Is(err, ratelimit.ErrWouldExceedDeadline) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		// Not admitted within the queue's time (or the client left): the
+		// rejection is the answer.
+		return d, nil
+	}
+	return d, err
+}
+
+// writeHeaders writes the rate-limit fields of decision d, whose binding
+// limit is ru's i-th. The RateLimit value is built in spare when it has
+// ru.fieldLen bytes of capacity, else in a new string: spare is the unused
+// tail of a buffer the caller allocated anyway, whose bytes nothing else
+// will write.
+func (m *core) writeHeaders(h http.Header, ru *rule, i int, d ratelimit.Decision, spare []byte) {
+	var rl string
+	var r0, r1 int // r='s value is rl[r0:r1]
+	if cap(spare) >= ru.fieldLen {
+		b := appendField(spare[:0], ru, i, d, &r0, &r1)
+		rl = unsafe.String(unsafe.SliceData(b), len(b)) // bytes written once, never again
+	} else {
+		var buf [96]byte
+		rl = string(appendField(buf[:0], ru, i, d, &r0, &r1))
+	}
 	// One allocation backs every field's value slice.
 	if !m.legacy {
 		vals := &[2]string{ru.policy, rl}
@@ -375,6 +442,18 @@ func (m *core) writeHeaders(h http.Header, ru *rule, i int, d ratelimit.Decision
 	h["X-Ratelimit-Limit"], h["X-Ratelimit-Remaining"], h["X-Ratelimit-Reset"] = vals[2:3:3], vals[3:4:4], vals[4:5:5]
 }
 
+// appendField appends the RateLimit field's value to b, setting r0 and r1
+// around the r parameter's value.
+func appendField(b []byte, ru *rule, i int, d ratelimit.Decision, r0, r1 *int) []byte {
+	b = append(b, ru.names[i]...)
+	b = append(b, ";r="...)
+	*r0 = len(b)
+	b = strconv.AppendInt(b, min(d.Remaining, maxSFInteger), 10)
+	*r1 = len(b)
+	b = append(b, ";t="...)
+	return strconv.AppendInt(b, min(ceilSeconds(d.Reset), maxSFInteger), 10)
+}
+
 // reject answers 429 with Retry-After and a problem report naming the policy.
 func (m *core) reject(w http.ResponseWriter, ru *rule, i int, d ratelimit.Decision) {
 	wait := d.RetryAfter
@@ -384,6 +463,10 @@ func (m *core) reject(w http.ResponseWriter, ru *rule, i int, d ratelimit.Decisi
 	secs := max(ceilSeconds(wait), 1) // 0 would invite an immediate retry storm
 	l := d.Limit
 	detail := fmt.Sprintf("Rate limit %q exceeded: at most %d per %v. Retry in %d s.", l.PolicyName(), l.Max, l.Window, secs)
+	if l.Algorithm == ratelimit.TokenBucket {
+		q, _ := quota(l)
+		detail = fmt.Sprintf("Rate limit %q exceeded: a burst of %d, refilling %d per %v. Retry in %d s.", l.PolicyName(), q, l.Max, l.Window, secs)
+	}
 	m.problem(w, http.StatusTooManyRequests, detail, &l, secs)
 }
 
@@ -409,7 +492,8 @@ type problem struct {
 func (m *core) problem(w http.ResponseWriter, status int, detail string, l *ratelimit.Limit, retry int64) {
 	p := problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail, RetryAfter: retry}
 	if l != nil {
-		p.Policy, p.Limit, p.Window = l.PolicyName(), l.Max, windowSeconds(l.Window)
+		q, w := quota(*l)
+		p.Policy, p.Limit, p.Window = l.PolicyName(), q, windowSeconds(w)
 	}
 	body, _ := json.Marshal(p) // cannot fail: strings and integers
 	// One allocation backs every field's value slice.

@@ -6,6 +6,14 @@
 // Every metric is labelled by namespace; decision counters also by window (the
 // binding limit's window size, e.g. "1m0s"). There are no per-key labels, so
 // cardinality stays bounded whatever the traffic.
+//
+// Set the Collector as the namespaces' Config.Observer too, and it also
+// exports latency and Retry-After histograms, decisions by policy, store round
+// trips and pushed counters (see docs/metrics.md):
+//
+//	c := metrics.NewCollector()
+//	ns, _ := reg.New(ratelimit.Config{..., Observer: c})
+//	c.Add(ns)
 package metrics
 
 import (
@@ -20,13 +28,15 @@ import (
 // Collector is a prometheus.Collector over a set of namespaces. It reads each
 // namespace's Stats at scrape time; the hot path pays nothing for it.
 type Collector struct {
-	mu     sync.Mutex
-	spaces []*ratelimit.Namespace
+	mu      sync.Mutex
+	spaces  []*ratelimit.Namespace
+	obs     *observed // what it learns as a ratelimit.Observer (observer.go)
+	hotKeys int       // keys per namespace exported as gauges (hotkeys.go); GUARDED_BY(mu)
 }
 
 // NewCollector returns a Collector over the given namespaces.
 func NewCollector(spaces ...*ratelimit.Namespace) *Collector {
-	return &Collector{spaces: append([]*ratelimit.Namespace(nil), spaces...)}
+	return &Collector{spaces: append([]*ratelimit.Namespace(nil), spaces...), obs: newObserved()}
 }
 
 // Add starts collecting ns.
@@ -59,6 +69,7 @@ var (
 	syncErrors       = desc("sync_errors_total", "Background sync cycles that failed.")
 	pendingHits      = desc("pending_hits", "Hits counted on this node that the store has not confirmed yet.")
 	retiredWindows   = desc("retired_windows", "Evicted or rotated windows whose hits wait for a push.")
+	droppedHits      = desc("dropped_hits_total", "Unconfirmed hits given up to keep memory bounded during a long store outage.")
 	unresolvedPushes = desc("unresolved_pushes", "Pushes whose outcome is unknown, waiting to be re-sent.")
 	lastSyncDuration = desc("last_sync_duration_seconds", "Duration of the last sync cycle.")
 	lastSyncAge      = desc("last_sync_age_seconds", "Time since the last sync cycle ended.")
@@ -69,8 +80,12 @@ var (
 // Describe sends the descriptors of every metric the Collector exports.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{trackedKeys, evictions, syncs, syncErrors, pendingHits,
-		retiredWindows, unresolvedPushes, lastSyncDuration, lastSyncAge, decisions, degraded} {
+		retiredWindows, droppedHits, unresolvedPushes, lastSyncDuration, lastSyncAge, decisions, degraded,
+		hottestKey, hotKeyChecks, hotKeyRejections} {
 		ch <- d
+	}
+	for _, o := range c.obs.collectors() {
+		o.Describe(ch)
 	}
 }
 
@@ -78,7 +93,11 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	spaces := append([]*ratelimit.Namespace(nil), c.spaces...)
+	hot := c.hotKeys
 	c.mu.Unlock()
+	for _, o := range c.obs.collectors() {
+		o.Collect(ch)
+	}
 	now := time.Now()
 	for _, ns := range spaces {
 		st := ns.Stats()
@@ -92,11 +111,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		metric(syncErrors, prometheus.CounterValue, float64(st.SyncErrors))
 		metric(pendingHits, prometheus.GaugeValue, float64(st.PendingHits))
 		metric(retiredWindows, prometheus.GaugeValue, float64(st.RetiredWindows))
+		metric(droppedHits, prometheus.CounterValue, float64(st.DroppedHits))
 		metric(unresolvedPushes, prometheus.GaugeValue, float64(st.UnresolvedPushes))
 		if !st.LastSync.IsZero() {
 			metric(lastSyncDuration, prometheus.GaugeValue, st.LastSyncDuration.Seconds())
 			metric(lastSyncAge, prometheus.GaugeValue, now.Sub(st.LastSync).Seconds())
 		}
+		collectHotKeys(ch, ns, hot)
 		for _, d := range st.Decisions {
 			w := d.Window.String()
 			metric(decisions, prometheus.CounterValue, float64(d.Allowed), w, "allowed")
