@@ -50,62 +50,119 @@ func (c *CoarseClock) Stop() {
 	<-c.done
 }
 
-// monoBase is the origin of systemClock's monotonic readings.
-var monoBase = time.Now()
+// tickClock is the default clock (Config.Clock nil): time.Now to the
+// millisecond, cached as Kong's ngx.now() is. A goroutine stores the time
+// every millisecond, and a read is one atomic load: a hot key's check no
+// longer pays for a clock read (20–40 ns on some VMs). The goroutine runs
+// only while the clock is read: after idleTicks ticks without a read it ends,
+// and the next read takes the time itself and starts it again. So an idle
+// namespace costs nothing, and inside a testing/synctest bubble a long sleep
+// does not make the clock tick through it. Readings lag the system clock by
+// at most a tick (more only when the goroutine is starved of a core); a step
+// of the wall clock shows within a tick.
+type tickClock struct {
+	ms   atomic.Int64
+	on   atomic.Bool // the goroutine runs
+	used atomic.Bool // read since the last tick
 
-// systemClock is the default clock (Config.Clock nil): time.Now to the
-// millisecond, read with one clock read instead of time.Now's two (the wall
-// clock and the monotonic clock; each costs 20–40 ns on some VMs). It adds the
-// monotonic time elapsed since an anchor taken with time.Now, and takes a new
-// anchor every second and whenever the monotonic reading goes back, so a step
-// of the wall clock (NTP, an operator) shows within a second, and a slewed
-// wall clock is followed as the kernel slews both clocks alike.
-type systemClock struct {
-	anchor atomic.Int64 // monotonic reading (ns since monoBase) of the anchor
-	offset atomic.Int64 // wall clock minus monotonic reading at the anchor, ns
+	mu     sync.Mutex // serialises starting and stopping the goroutine
+	closed bool       // guarded by mu
+	stop   chan struct{}
+	done   chan struct{}
 }
 
-func newSystemClock() *systemClock {
-	c := &systemClock{}
-	c.reanchor()
+// idleTicks is how many ticks without a read end the tick goroutine.
+const idleTicks = 100
+
+func newTickClock() *tickClock {
+	c := &tickClock{}
+	c.ms.Store(time.Now().UnixMilli())
 	return c
 }
 
-// unixMilli returns the wall clock in Unix milliseconds.
-func (c *systemClock) unixMilli() int64 {
-	m := int64(time.Since(monoBase))
-	if a := c.anchor.Load(); m < a || m-a >= int64(time.Second) {
-		return c.reanchor()
+// unixMilli returns the time in Unix milliseconds.
+func (c *tickClock) unixMilli() int64 {
+	if !c.on.Load() {
+		return c.wake()
 	}
-	return floorDiv(m+c.offset.Load(), int64(time.Millisecond))
+	if !c.used.Load() {
+		c.used.Store(true)
+	}
+	return c.ms.Load()
 }
 
-// reanchor takes a new anchor from time.Now and returns its Unix millisecond.
-// Racing calls each store a consistent anchor; any of them will do.
-func (c *systemClock) reanchor() int64 {
-	var now time.Time
-	var m int64
-	// time.Now reads the wall clock, then the monotonic clock: a thread
-	// descheduled between the two would make the offset short by the gap
-	// (the clock late by it until the next anchor). A monotonic reading
-	// taken before bounds the gap; retry when it is over 100 µs.
-	for range 3 {
-		before := int64(time.Since(monoBase))
-		now = time.Now()
-		if m = int64(now.Sub(monoBase)); m-before <= int64(100*time.Microsecond) {
-			break
+// wake reads the time itself and starts the tick goroutine, unless the clock
+// is closed (then every read reads the time).
+func (c *tickClock) wake() int64 {
+	now := c.refresh()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed && !c.on.Load() {
+		c.stop, c.done = make(chan struct{}), make(chan struct{})
+		c.used.Store(true)
+		c.on.Store(true)
+		go c.tick(c.stop, c.done)
+	}
+	return now
+}
+
+// refresh stores the time now and returns it.
+func (c *tickClock) refresh() int64 { return c.store(time.Now().UnixMilli()) }
+
+// store stores the reading now unless a newer one was stored meanwhile (by a
+// racing tick or read), and returns the clock's time. A wall clock stepped
+// back by a second or more is followed.
+func (c *tickClock) store(now int64) int64 {
+	for {
+		old := c.ms.Load()
+		if old >= now && old-now < 1000 {
+			return old
+		}
+		if c.ms.CompareAndSwap(old, now) {
+			return now
 		}
 	}
-	c.offset.Store(now.UnixNano() - m)
-	c.anchor.Store(m)
-	return now.UnixMilli()
 }
 
-// floorDiv is a / b rounded down (b > 0).
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b < 0 {
-		q--
+func (c *tickClock) tick(stop, done chan struct{}) {
+	defer close(done)
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	idle := 0
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-t.C:
+			c.store(now.UnixMilli())
+			if c.used.Swap(false) {
+				idle = 0
+				continue
+			}
+			if idle++; idle < idleTicks {
+				continue
+			}
+			c.mu.Lock()
+			// A read that found the clock on may have come in since the
+			// swap: it read a value one tick old at most, and the next read
+			// finds the clock off and reads the time itself.
+			c.on.Store(false)
+			c.mu.Unlock()
+			return
+		}
 	}
-	return q
+}
+
+// close stops the tick goroutine and waits for it; later reads read the
+// time themselves.
+func (c *tickClock) close() {
+	c.mu.Lock()
+	c.closed = true
+	stop, done, on := c.stop, c.done, c.on.Load()
+	c.on.Store(false)
+	c.mu.Unlock()
+	if on {
+		close(stop)
+		<-done
+	}
 }

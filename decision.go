@@ -8,29 +8,41 @@ import (
 	"time"
 
 	"github.com/ratesync/ratelimit/shm"
+	"github.com/ratesync/ratelimit/strategy"
 )
 
 // Errors returned by Allow and Peek, besides the namespace's own.
 var (
-	// ErrInvalidLimit: no limits, or a Limit whose Max is not in 1..MaxValue.
+	// ErrInvalidLimit is returned by Allow, Peek, Refund and CheckLimits when
+	// they are given no limits, or a Limit whose Max is not in 1..MaxValue.
 	ErrInvalidLimit = errors.New("ratelimit: invalid limit")
-	// ErrInvalidCost: a cost below 0, or above the Max of a limit (such a
-	// request could never be admitted, so no Retry-After could be true).
+	// ErrInvalidCost is returned by Allow, Peek, Refund and CheckLimits when
+	// the cost is below 0 or above the Max of a limit (such a request could
+	// never be admitted, so no Retry-After could be true).
 	ErrInvalidCost = errors.New("ratelimit: invalid cost")
 )
 
-// Limit is a policy: at most Max hits per Window for one key.
+// Limit is a policy: at most Max hits per Window for one key, counted with
+// an Algorithm (a sliding window by default).
 //
-// Limits with the same Window share one counter per key: a hit is counted
-// once however many of them name that window.
+// Limits of the same algorithm and Window share their state per key: a hit
+// is counted once however many of them name that window. Windows may differ
+// in Max; token buckets and sliding logs sharing a window must be equal.
 type Limit struct {
-	// Window is the window size; it must be one of the namespace's
-	// WindowSizes.
+	// Window is the window size (for a token bucket, the period over which
+	// Max tokens refill); it must be one of the namespace's WindowSizes.
 	Window time.Duration
-	// Max is the largest load admitted, between 1 and MaxValue.
+	// Max is the largest load admitted, between 1 and MaxValue: hits per
+	// window, or a token bucket's refill per Window.
 	Max int64
+	// Algorithm selects how the limit counts. Default SlidingWindow.
+	Algorithm Algorithm
+	// Burst is a token bucket's capacity, in tokens (0 means Max): the most
+	// a client that has been idle may send at once. Only for TokenBucket.
+	Burst int64
 	// Fixed reads the window as a fixed window (the previous window weighs
-	// 0), as Kong's "fixed" option. Default: sliding.
+	// 0), as Kong's "fixed" option. It is Algorithm FixedWindow, kept for
+	// compatibility.
 	Fixed bool
 	// Penalty counts rejected hits too, as Kong does: a client that keeps
 	// sending while rejected stays rejected. Default: rejected hits are not
@@ -71,14 +83,16 @@ type Decision struct {
 	// least Remaining (the first such, in the order given).
 	Limit Limit
 	// Remaining is how many more hits of cost 1 the binding limit admits now
-	// (the floor of Max minus its load, at least 0). After an admitted Allow
-	// it counts this request as spent.
+	// (the floor of Max minus its load, at least 0; for a token bucket, the
+	// whole tokens it holds). After an admitted Allow it counts this request
+	// as spent.
 	Remaining int64
 	// Reset is how long, with no new hits, until the binding limit's load
 	// falls to 0, i.e. its whole quota is available again. A sliding window
 	// forgets a hit when the window after the one it counted in ends, so this
 	// can be up to twice the window; for a fixed window it is the end of the
-	// current window.
+	// current window; for a token bucket, the time until it is full; for a
+	// sliding log, until its newest entry leaves the window.
 	Reset time.Duration
 	// RetryAfter is 0 when Allowed. When rejected, it is the earliest time,
 	// with no other traffic, at which the same request would be admitted: one
@@ -96,42 +110,75 @@ type Decision struct {
 // maxInlineLimits is how many limits Allow handles without allocating.
 const maxInlineLimits = 4
 
+// lkind is the kind of state a limit counts in.
+type lkind uint8
+
+const (
+	kindWindow lkind = iota // sliding and fixed windows: shm.Table
+	kindBucket              // token buckets: shm.Buckets
+	kindLog                 // sliding logs: shm.Logs
+)
+
 // lstate is one limit's working state in a decision.
 type lstate struct {
-	t       *shm.Table
-	ti      int   // index of t in the namespace's tables
+	kind    lkind
 	idx     int   // index of the window in the namespace's WindowSizes
-	w       int   // index of the window in the table's entries
 	size    int64 // window size, ms
-	owner   int   // the first limit with the same window: it holds the counter's view
-	penalty bool  // (owner only) some limit on this counter counts rejected hits
-	served  bool  // (owner only) applyLocal has reached this counter in the current pass
-	v       shm.View
+	owner   int   // the first limit sharing this one's state: it holds the state's view
+	penalty bool  // (owner only) some limit sharing the state counts rejected hits
+	others  bool  // (st[0] only) some limit is not a window
+	// Windows.
+	t      *shm.Table
+	ti     int  // index of t in the namespace's tables
+	w      int  // index of the window in the table's entries
+	served bool // (owner only) applyLocal has reached this counter in the current pass
+	v      shm.View
+	// Token buckets (owner only but for bt, interval, burst).
+	bt       *shm.Buckets
+	interval float64 // ms per token
+	burst    int64   // a bucket's capacity; a log's Max
+	tat      float64 // the bucket's TAT now: with the request's cost when spent
+	tat0     float64 // the bucket's TAT before the request
+	spent    bool    // the request's cost is in tat
+	// Sliding logs (owner only but for lt).
+	lt     *shm.Logs
+	ls     strategy.LogState // the log now: with the request when added
+	added  bool              // the request is in ls
+	ticket shm.LogTicket     // the entry Try added on this node, for Remove
+	fits   bool              // (buckets and logs) the request fits
 }
 
 // Allow decides whether a request of the given cost may pass for key under
-// every limit, and counts it when it does. A request is admitted when, for
-// every limit, the key's load (sliding rate, or the current window's count
-// for a fixed window) plus cost is at most Max. An admitted request is counted
-// in every limit's window; a rejected one is not counted (unless a limit has
-// Penalty, in which case it is counted in that limit's window).
+// every limit, and counts it when it does. A request is admitted when every
+// limit admits it: a window when the key's load (sliding rate, or the current
+// window's count for a fixed window) plus cost is at most Max; a token bucket
+// when it holds cost tokens; a sliding log when the requests of the last
+// window plus this one cost at most Max. An admitted request is counted in
+// every limit; a rejected one is not counted (unless a limit has Penalty, in
+// which case it is counted in that limit).
 //
 // A cost of 0 counts nothing and answers like Peek. Bad arguments return an
-// error (ErrInvalidKey, ErrInvalidCost, ErrInvalidLimit, ErrUnknownWindow,
-// ErrNilContext, ErrClosed); a store failure does not: the decision is made
-// from this node's state and has Degraded set.
+// error (ErrInvalidKey, ErrInvalidCost, ErrInvalidLimit, ErrUnsupportedLimit,
+// ErrUnknownWindow, ErrNilContext, ErrClosed); a store failure does not: the
+// decision is made from this node's state and has Degraded set.
 //
-// Local and asynchronous modes answer from memory: the hit is added to each
-// window and taken back when a limit rejects it, so concurrent requests never
+// Local and asynchronous modes answer from memory: the hit is counted in each
+// limit and taken back when one rejects it, so concurrent requests never
 // exceed a limit on this node; a racing request may be rejected because of a
 // hit that is then taken back. Across nodes the limit is as exact as the sync
-// rate allows. Synchronous mode writes the hit through to the store in one
-// round trip for all limits and, when rejected, takes it back in a second one;
-// the whole call waits at most the namespace's SyncTimeout. Once this node
-// knows a key is over a limit (its last view of the store, plus its own hits,
+// rate allows. Synchronous mode writes window hits through to the store in
+// one round trip for all window limits and, when rejected, takes them back in
+// a second one; token buckets and sliding logs are decided by the store in
+// one round trip for all of them (strategy.Taker), after the windows. The
+// whole call waits at most the namespace's SyncTimeout. Once this node knows
+// a key is over a limit (its last view of the store, plus its own hits,
 // rejects the request), Allow answers from memory without touching the store
-// until the window has slid far enough: the circuit breaker of seed 001.
+// until enough time has passed: a local circuit breaker that keeps a flood of
+// rejected requests off the store.
 func (ns *Namespace) Allow(ctx context.Context, key string, cost int64, limits ...Limit) (Decision, error) {
+	if ns.cfg.Observer != nil {
+		return ns.observedDecide(ctx, key, cost, limits)
+	}
 	return ns.decide(ctx, key, cost, limits, true)
 }
 
@@ -146,26 +193,53 @@ func (ns *Namespace) Peek(ctx context.Context, key string, cost int64, limits ..
 
 // Refund takes back a cost that Allow counted for key, for a request that was
 // not served after all (it failed, or a fail-closed route refused it): it
-// subtracts cost from the current window of each distinct window of limits.
-// It never waits for the store: outside local mode the correction is pushed
-// with the next sync (in synchronous mode, by the retry loop, within
-// RetryInterval). It returns the argument errors Allow returns.
+// subtracts cost from the current window of each distinct window limit, gives
+// cost tokens back to each token bucket (never past full) and takes cost from
+// the newest entries of each sliding log. It never waits for the store:
+// outside local mode the correction is pushed with the next sync (in
+// synchronous mode, by the retry loop, within RetryInterval; until then the
+// store, which decides token buckets and sliding logs in that mode, does not
+// count it). It returns the argument errors Allow returns.
 func (ns *Namespace) Refund(ctx context.Context, key string, cost int64, limits ...Limit) error {
+	s, open := ns.enter()
+	if !open {
+		return closedOr(ctx)
+	}
+	defer leave(s)
 	var buf [maxInlineLimits]lstate
 	key, st, err := ns.resolve(ctx, key, cost, limits, buf[:0])
 	if err != nil || cost == 0 {
 		return err
 	}
 	now := ns.now()
+	var logs bool
 	for j := range st {
-		if st[j].owner == j {
-			st[j].t.Add(key, st[j].w, now, -cost)
+		s := &st[j]
+		if s.owner != j {
+			continue
 		}
+		switch s.kind {
+		case kindWindow:
+			s.t.Add(key, s.w, now, -cost)
+		case kindBucket:
+			s.bt.Refund(key, now, s.interval, cost)
+		case kindLog:
+			s.lt.TakeBack(key, now, cost)
+			logs = true
+		}
+	}
+	if logs && ns.mode == modeSync {
+		ns.queueLogRefund(key, st, now, cost)
 	}
 	return nil
 }
 
 func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits []Limit, count bool) (Decision, error) {
+	s, open := ns.enter()
+	if !open {
+		return Decision{}, closedOr(ctx)
+	}
+	defer leave(s)
 	var buf [maxInlineLimits]lstate
 	key, st, err := ns.resolve(ctx, key, cost, limits, buf[:0])
 	if err != nil {
@@ -174,6 +248,9 @@ func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits 
 	d, bind := ns.decideIn(ctx, key, cost, limits, st, count && cost > 0)
 	if count { // Allow's answers are counted in Stats, Peek's are not
 		ns.stats.recordDecision(key, st[bind].idx, d.Allowed, d.Degraded)
+		if ns.hot != nil {
+			ns.hot.record(key, !d.Allowed)
+		}
 	}
 	return d, nil
 }
@@ -185,30 +262,112 @@ func (ns *Namespace) decideIn(ctx context.Context, key string, cost int64, limit
 	if ns.mode == modeSync {
 		return ns.decideSync(ctx, key, cost, limits, st, now, count)
 	}
-	applyLocal(key, st, now, cost, !count, false) // counts cost, or only reads
+	cold, degraded, applied := false, false, false
+	if ns.cold != nil { // a cold key is read from the store first (coldread.go)
+		if cold, degraded, applied = ns.decideWarm(ctx, key, st, now, cost, !count); cold {
+			now = ns.now() // the read may have waited
+		}
+	}
+	if !applied {
+		applyLocal(key, st, now, cost, !count, false) // counts cost, or only reads
+	}
+	others := st[0].others
+	if others {
+		tryOthers(key, st, now, cost, count)
+	}
 	ok := admits(st, limits, now, cost, count)
 	if count && !ok {
 		applyLocal(key, st, now, -cost, false, true)
+		if others {
+			rollbackOthers(key, st, now, cost)
+		}
+	}
+	if cold {
+		unrefLimits(key, st)
 	}
 	d, bind := decision(st, limits, now, cost, ok, count)
-	d.Degraded = ns.storeDown.Load() // the cluster's counts are stale while the store fails
+	d.Degraded = degraded || ns.storeDown.Load() // the cluster's counts are stale while the store fails
 	return d, bind
+}
+
+// tryOthers judges the request on the token buckets and sliding logs of st,
+// spending its cost on those it fits when count is set.
+func tryOthers(key string, st []lstate, now, cost int64, count bool) {
+	for j := range st {
+		s := &st[j]
+		if s.owner != j {
+			continue
+		}
+		switch s.kind {
+		case kindBucket:
+			mode := shm.Peek
+			if count {
+				mode = shm.SpendIfFits
+			}
+			s.tat0, s.fits, s.spent = s.bt.Try(key, now, s.interval, s.burst, cost, mode)
+			s.tat = s.tat0
+			if s.spent {
+				s.tat = bucketAfter(s.tat0, now, s.interval, cost)
+			}
+		case kindLog:
+			s.ls, s.fits, s.ticket = s.lt.Try(key, now, s.maxOf(), cost, count, false)
+			if s.added = s.ticket != 0; s.added {
+				s.ls = logAfter(s.ls, now, s.size, cost)
+			}
+		}
+	}
+}
+
+// rollbackOthers takes back a rejected request's cost from the token buckets
+// and sliding logs of st that counted it without a penalty, and counts it in
+// those with a penalty that did not count it yet. (The windows' own rollback
+// is applyLocal with a negative cost.)
+func rollbackOthers(key string, st []lstate, now, cost int64) {
+	for j := range st {
+		s := &st[j]
+		if s.owner != j {
+			continue
+		}
+		switch {
+		case s.kind == kindBucket && s.spent && !s.penalty:
+			s.bt.Refund(key, now, s.interval, cost)
+			s.tat, s.spent = s.tat0, false
+		case s.kind == kindBucket && !s.spent && s.penalty:
+			s.tat0, _, s.spent = s.bt.Try(key, now, s.interval, s.burst, cost, shm.SpendAlways)
+			s.tat = bucketAfter(s.tat0, now, s.interval, cost)
+		case s.kind == kindLog && s.ticket != 0 && !s.penalty:
+			s.lt.Remove(key, s.ticket, cost)
+			s.ls, _ = s.lt.State(key, now, s.maxOf(), cost)
+			s.ticket, s.added = 0, false
+		case s.kind == kindLog && s.ticket == 0 && s.penalty:
+			_, _, s.ticket = s.lt.Try(key, now, s.maxOf(), cost, true, true)
+			s.ls, _ = s.lt.State(key, now, s.maxOf(), cost)
+			s.added = true
+		}
+	}
+}
+
+// logAfter returns log state ls (before a request of cost at now) with the
+// request added, for a window of size ms. Fits is left as it was: it is read
+// only for a rejected request.
+func logAfter(ls strategy.LogState, now, size, cost int64) strategy.LogState {
+	if cost == 0 {
+		return ls // nothing is added
+	}
+	ls.Count += cost
+	ls.Empty = max(ls.Empty, now+size)
+	return ls
 }
 
 // decideSync is decideIn in synchronous mode.
 func (ns *Namespace) decideSync(ctx context.Context, key string, cost int64, limits []Limit, st []lstate, now int64, count bool) (Decision, int) {
-	// The circuit breaker: this node's view is the store's total as last
-	// learned plus the hits counted here since, a lower bound of the
-	// cluster's count. If it rejects, the store would too.
+	// The circuit breaker: this node's view is the store's state as last
+	// learned plus what was counted here since, a lower bound of the
+	// cluster's. If it rejects, the store would too.
 	peekAll(key, st, now)
-	if !admits(st, limits, now, cost, false) {
+	if ns.breakerRejects(key, st, limits, now, cost) {
 		if count {
-			for j := range st {
-				if st[j].owner == j && st[j].penalty {
-					// Counted here; the retry loop pushes it within RetryInterval.
-					st[j].v = st[j].t.Add(key, st[j].w, now, cost)
-				}
-			}
+			ns.countPenalties(key, st, now, cost)
 		}
 		return decision(st, limits, now, cost, false, count)
 	}
@@ -217,29 +376,42 @@ func (ns *Namespace) decideSync(ctx context.Context, key string, cost int64, lim
 	if count {
 		value = cost
 	}
-	err := ns.throughAll(ctx, key, st, now, value)
-	ok := admits(st, limits, now, cost, count)
+	var err error
+	windows, others := kinds(st)
+	ok := true
+	if windows {
+		err = ns.throughAll(ctx, key, st, now, value)
+		ok = admits(st, limits, now, cost, count)
+	}
 	degraded := err != nil
-	if count && !ok {
+	if others {
+		// When the windows rejected, the store still records the request
+		// (as rejected, for the limits with a penalty) and answers the
+		// others' states: a truthful RetryAfter needs every limit's.
+		terr := ns.takeAll(ctx, key, st, now, cost, count, !ok)
+		degraded = degraded || terr != nil
+		ok = admits(st, limits, now, cost, count)
+	}
+	if count && !ok && windows {
 		budget := ns.cfg.SyncTimeout - time.Since(start)
 		undo := false
 		for j := range st {
-			undo = undo || (st[j].owner == j && !st[j].penalty)
+			undo = undo || (st[j].kind == kindWindow && st[j].owner == j && !st[j].penalty)
 		}
 		switch {
 		case !undo:
-		case degraded || budget <= 0:
+		case err != nil || budget <= 0:
 			// Take the hit back here; the retry loop pushes the correction.
 			for j := range st {
-				if st[j].owner == j && !st[j].penalty {
+				if st[j].kind == kindWindow && st[j].owner == j && !st[j].penalty {
 					st[j].v = st[j].t.Add(key, st[j].w, now, -cost)
 				}
 			}
 		default:
 			uctx, cancel := context.WithTimeout(ctx, budget)
-			err = ns.undoAll(uctx, key, st, now, cost)
+			uerr := ns.undoAll(uctx, key, st, now, cost)
 			cancel()
-			degraded = degraded || err != nil
+			degraded = degraded || uerr != nil
 		}
 	}
 	d, bind := decision(st, limits, now, cost, ok, count)
@@ -247,12 +419,24 @@ func (ns *Namespace) decideSync(ctx context.Context, key string, cost int64, lim
 	return d, bind
 }
 
-// throughAll writes value through to the store for every counter of st in one
-// round trip (value 0: reads them), then loads the views.
+// kinds reports whether st has window limits, and limits of other kinds.
+func kinds(st []lstate) (windows, others bool) {
+	for j := range st {
+		if st[j].kind == kindWindow {
+			windows = true
+		} else {
+			others = true
+		}
+	}
+	return windows, others
+}
+
+// throughAll writes value through to the store for every window counter of st
+// in one round trip (value 0: reads them), then loads the views.
 func (ns *Namespace) throughAll(ctx context.Context, key string, st []lstate, now, value int64) error {
 	p := ns.newPush()
 	for j := range st {
-		if s := &st[j]; s.owner == j {
+		if s := &st[j]; s.owner == j && s.kind == kindWindow {
 			part := &p.parts[s.ti]
 			if value == 0 {
 				s.t.PeekReads(key, s.w, now, part)
@@ -266,12 +450,12 @@ func (ns *Namespace) throughAll(ctx context.Context, key string, st []lstate, no
 	return err
 }
 
-// undoAll takes back cost from every counter of st without penalty, in one
-// round trip.
+// undoAll takes back cost from every window counter of st without penalty, in
+// one round trip.
 func (ns *Namespace) undoAll(ctx context.Context, key string, st []lstate, now, cost int64) error {
 	p := ns.newPush()
 	for j := range st {
-		if s := &st[j]; s.owner == j && !s.penalty {
+		if s := &st[j]; s.owner == j && s.kind == kindWindow && !s.penalty {
 			s.t.AddPending(key, s.w, now, -cost, &p.parts[s.ti])
 		}
 	}
@@ -280,31 +464,41 @@ func (ns *Namespace) undoAll(ctx context.Context, key string, st []lstate, now, 
 	return err
 }
 
-// peekAll loads the view of every counter of st from the tables.
+// peekAll loads the view of every window counter of st from the tables, and
+// this node's view of every bucket and log.
 func peekAll(key string, st []lstate, now int64) {
 	for j := range st {
-		if st[j].owner == j {
-			st[j].v = st[j].t.Peek(key, st[j].w, now)
+		s := &st[j]
+		if s.owner != j {
+			continue
+		}
+		switch s.kind {
+		case kindWindow:
+			s.v = s.t.Peek(key, s.w, now)
+		case kindBucket:
+			s.tat, _ = s.bt.View(key, now, s.interval)
+			s.tat0, s.spent = s.tat, false
+			s.fits = bucketFits(s.tat, now, s.interval, s.burst, 0)
 		}
 	}
 }
 
-// applyLocal adds value to the counter of every owner in st (or only reads
-// them, with peek; skipping owners with a penalty, with spare) and stores the
-// views, with one table lookup per table: the two window sizes of an entry
-// are served together.
+// applyLocal adds value to the window counter of every owner in st (or only
+// reads them, with peek; skipping owners with a penalty, with spare) and
+// stores the views, with one table lookup per table: the two window sizes of
+// an entry are served together.
 func applyLocal(key string, st []lstate, now, value int64, peek, spare bool) {
 	for j := range st {
 		st[j].served = false
 	}
 	for j := range st {
-		if st[j].owner != j || st[j].served || (spare && st[j].penalty) {
+		if st[j].kind != kindWindow || st[j].owner != j || st[j].served || (spare && st[j].penalty) {
 			continue
 		}
 		var mask uint8
 		var owners [2]int
 		for k := j; k < len(st); k++ {
-			if st[k].owner == k && st[k].ti == st[j].ti && !(spare && st[k].penalty) {
+			if st[k].kind == kindWindow && st[k].owner == k && st[k].ti == st[j].ti && !(spare && st[k].penalty) {
 				mask |= 1 << st[k].w
 				owners[st[k].w] = k
 				st[k].served = true
@@ -324,8 +518,6 @@ func (ns *Namespace) resolve(ctx context.Context, key string, cost int64, limits
 	switch {
 	case ctx == nil:
 		return "", nil, ErrNilContext
-	case ns.closed.Load():
-		return "", nil, ErrClosed
 	case key == "":
 		return "", nil, ErrInvalidKey
 	case len(limits) == 0:
@@ -336,45 +528,83 @@ func (ns *Namespace) resolve(ctx context.Context, key string, cost int64, limits
 	if cap(st) < len(limits) {
 		st = make([]lstate, 0, len(limits))
 	}
-	for j, l := range limits {
+	st = st[:len(limits)]
+	for j := range limits {
+		l := &limits[j]
 		i, err := ns.checkLimit(cost, l)
 		if err != nil {
 			return "", nil, err
 		}
+		kind := kindOf(l)
 		owner := j
 		for k := range j {
-			if limits[k].Window == l.Window {
+			if lk := &limits[k]; lk.Window == l.Window && kindOf(lk) == kind {
+				if kind != kindWindow && (lk.Max != l.Max || lk.burst() != l.burst()) {
+					return "", nil, fmt.Errorf("%w: %s and %s: two %s limits of one window share their state and must be equal",
+						ErrInvalidLimit, lk.PolicyName(), l.PolicyName(), l.algorithm())
+				}
 				owner = k
 				break
 			}
 		}
-		// Filled in place: cheaper than appending a composite literal.
-		st = st[:j+1]
+		// Filled in place, field by field: cheaper than a composite
+		// literal of the whole struct, and the fields of the other kinds
+		// are never read.
 		ls := &st[j]
-		ls.t, ls.ti, ls.idx, ls.w, ls.size, ls.owner = ns.tables[i/2], i/2, i, i%2, ns.sizeMS[i], owner
-		ls.penalty, ls.served, ls.v = false, false, shm.View{}
+		ls.kind, ls.idx, ls.size, ls.owner, ls.penalty, ls.others = kind, i, ns.sizeMS[i], owner, false, false
+		switch kind {
+		case kindWindow:
+			ls.t, ls.ti, ls.w, ls.served, ls.v = ns.tables[i/2], i/2, i%2, false, shm.View{}
+		case kindBucket:
+			ls.bt, ls.interval, ls.burst = ns.bucketTable(i), l.interval(), l.burst()
+			ls.tat, ls.tat0, ls.spent, ls.fits = 0, 0, false, false
+		case kindLog:
+			ls.lt, ls.burst = ns.logTable(i), l.Max // a log's owner keeps its Max in burst
+			ls.ls, ls.added, ls.ticket, ls.fits = strategy.LogState{}, false, 0, false
+		}
 		if l.Penalty {
 			st[owner].penalty = true
 		}
+		st[0].others = st[0].others || kind != kindWindow
 	}
 	return ns.storedKey(key), st, nil
 }
 
+// maxOf returns a log limit's Max.
+func (s *lstate) maxOf() int64 { return s.burst }
+
+// kindOf returns the kind of state l counts in.
+func kindOf(l *Limit) lkind {
+	switch l.Algorithm {
+	case TokenBucket:
+		return kindBucket
+	case SlidingLog:
+		return kindLog
+	}
+	return kindWindow
+}
+
 // checkLimit validates one limit for a request of cost and returns the index
 // of its window.
-func (ns *Namespace) checkLimit(cost int64, l Limit) (int, error) {
+func (ns *Namespace) checkLimit(cost int64, l *Limit) (int, error) {
 	if l.Max <= 0 || l.Max > MaxValue {
 		return 0, fmt.Errorf("%w: %s: Max %d is not in 1..2^53", ErrInvalidLimit, l.PolicyName(), l.Max)
 	}
-	if cost > l.Max {
-		return 0, fmt.Errorf("%w: %d exceeds %s's Max %d: it could never be admitted", ErrInvalidCost, cost, l.PolicyName(), l.Max)
+	if l.Algorithm != SlidingWindow || l.Burst != 0 { // a plain window needs no more checks
+		if err := ns.checkAlgorithm(*l); err != nil {
+			return 0, err
+		}
+	}
+	if c := l.capacity(); cost > c {
+		return 0, fmt.Errorf("%w: %d exceeds %s's capacity %d: it could never be admitted", ErrInvalidCost, cost, l.PolicyName(), c)
 	}
 	return ns.windowIndex(l.Window)
 }
 
 // CheckLimits reports whether Allow would accept cost and limits: the errors
-// Allow returns for them (ErrInvalidCost, ErrInvalidLimit, ErrUnknownWindow),
-// without touching any counter. Use it to validate a configuration once.
+// Allow returns for them (ErrInvalidCost, ErrInvalidLimit,
+// ErrUnsupportedLimit, ErrUnknownWindow), without touching any counter. Use
+// it to validate a configuration once.
 func (ns *Namespace) CheckLimits(cost int64, limits ...Limit) error {
 	if len(limits) == 0 {
 		return fmt.Errorf("%w: no limits", ErrInvalidLimit)
@@ -382,135 +612,141 @@ func (ns *Namespace) CheckLimits(cost int64, limits ...Limit) error {
 	if cost < 0 {
 		return fmt.Errorf("%w: %d is negative", ErrInvalidCost, cost)
 	}
-	for _, l := range limits {
-		if _, err := ns.checkLimit(cost, l); err != nil {
-			return err
-		}
-	}
-	return nil
+	var buf [maxInlineLimits]lstate
+	_, _, err := ns.resolve(context.Background(), "check", cost, limits, buf[:0])
+	return err
 }
 
 // admits reports whether every limit admits a request of cost at now. When
-// counted, the views already include the request's cost.
+// counted, the window views already include the request's cost.
 func admits(st []lstate, limits []Limit, now, cost int64, counted bool) bool {
-	for j, l := range limits {
-		v := st[st[j].owner].v
+	for j := range limits {
+		o := &st[st[j].owner]
+		if o.kind != kindWindow {
+			if !o.fits {
+				return false
+			}
+			continue
+		}
+		v := o.v
 		if counted {
 			v.Cur -= cost
 		}
-		if !fits(v, st[j].size, now, cost, l) {
+		// fits, written out: the compiler does not inline it here.
+		if l := &limits[j]; load(v, st[j].size, now, cost, l.fixed()) > float64(l.Max) {
 			return false
 		}
 	}
 	return true
 }
 
-// decision builds the Decision from the counters' state after the call.
-// counted says the views include the cost when the request was admitted.
+// decision builds the Decision from the limits' state after the call.
+// counted says the state includes the cost when the request was admitted.
 // It also returns the index of the binding limit.
 func decision(st []lstate, limits []Limit, now, cost int64, ok, counted bool) (Decision, int) {
 	d := Decision{Allowed: ok, Remaining: math.MaxInt64}
 	bind := -1
 	var bindRetry int64
-	for j, l := range limits {
-		v := st[st[j].owner].v
-		if ok && !counted {
-			v.Cur += cost // what Allow would report: this request spent
+	for j := range limits {
+		l := &limits[j]
+		var rem int64
+		if o := &st[st[j].owner]; o.kind == kindWindow { // the common case, inline
+			v := o.v
+			if ok && !counted {
+				v.Cur += cost // what Allow would report: this request spent
+			}
+			rem = remaining(v, st[j].size, now, l)
+		} else {
+			rem = limitRemaining(st, j, l, now, cost, ok, counted)
 		}
-		rem := remaining(v, st[j].size, now, l)
 		if ok {
 			if rem < d.Remaining {
 				bind, d.Remaining = j, rem
 			}
 			continue
 		}
-		if r := retryAfter(v, st[j].size, now, cost, l); r > 0 && (bind < 0 || r > bindRetry) {
+		if r := limitRetryAfter(st, j, l, now, cost); r > 0 && (bind < 0 || r > bindRetry) {
 			bind, bindRetry, d.Remaining = j, r, rem
 		}
 	}
 	if bind < 0 { // rejected, yet nothing to wait for: a racing hit was taken back
-		bind, d.Remaining = 0, remaining(st[st[0].owner].v, st[0].size, now, limits[0])
+		bind, d.Remaining = 0, limitRemaining(st, 0, &limits[0], now, cost, false, counted)
 	}
-	v := st[st[bind].owner].v
 	d.Limit = limits[bind]
-	d.Reset = time.Duration(resetAfter(v, st[bind].size, now, d.Limit.Fixed)) * time.Millisecond
+	var reset int64
+	if o := &st[st[bind].owner]; o.kind == kindWindow { // the common case, inline
+		v := o.v
+		if ok && !counted {
+			v.Cur += cost
+		}
+		reset = resetAfter(v, st[bind].size, now, d.Limit.fixed())
+	} else {
+		reset = limitReset(st, bind, &limits[bind], now, cost, ok, counted)
+	}
+	d.Reset = time.Duration(reset) * time.Millisecond
 	d.RetryAfter = time.Duration(bindRetry) * time.Millisecond
 	return d, bind
 }
 
-// load returns what a limit weighs at now for counts v plus cost: the sliding
-// rate, or for a fixed window the current count. Negative counts (refunds
-// through Increment) weigh 0.
-func load(v shm.View, size, now, cost int64, fixed bool) float64 {
-	cur := max(v.Cur, 0) + cost
-	if fixed || v.Prev <= 0 {
-		return float64(cur)
-	}
-	return float64(cur) + float64(v.Prev)*weight(now, v.Start, size)
-}
-
-// fits reports whether a request of cost at now fits l given counts v.
-func fits(v shm.View, size, now, cost int64, l Limit) bool {
-	return load(v, size, now, cost, l.Fixed) <= float64(l.Max)
-}
-
-func remaining(v shm.View, size, now int64, l Limit) int64 {
-	r := math.Floor(float64(l.Max) - load(v, size, now, 0, l.Fixed))
-	if r <= 0 {
-		return 0
-	}
-	return int64(r)
-}
-
-// project returns what counts v (held at some earlier instant) become at t if
-// no hit arrives: the current window turns into the previous one, then both
-// are forgotten.
-func project(v shm.View, size, t int64) shm.View {
-	switch {
-	case t < v.Start+size:
-		return v
-	case t < v.Start+2*size:
-		return shm.View{Start: v.Start + size, Prev: v.Cur}
-	default:
-		return shm.View{Start: v.Start + (t-v.Start)/size*size}
-	}
-}
-
-// retryAfter returns how many milliseconds after now, with no new hits, a
-// request of cost first fits l given counts v (0 if it fits now). The load
-// never grows without hits, so the first instant is found by bisection, with
-// the exact predicate Allow uses; the window arithmetic's closed form
-// (untilRateBelow) is not used because its float rounding can make it a
-// millisecond late or early against that predicate.
-func retryAfter(v shm.View, size, now, cost int64, l Limit) int64 {
-	ok := func(t int64) bool { return fits(project(v, size, t), size, t, cost, l) }
-	if ok(now) {
-		return 0
-	}
-	// Two windows after v's, both counts are forgotten and cost <= Max fits.
-	lo, hi := now, max(now+1, v.Start+2*size)
-	for hi-lo > 1 {
-		mid := lo + (hi-lo)/2
-		if ok(mid) {
-			hi = mid
-		} else {
-			lo = mid
+// limitRemaining returns limits[j]'s Remaining after the call: with the
+// request spent when it was admitted (ok), whether or not it was counted.
+func limitRemaining(st []lstate, j int, l *Limit, now, cost int64, ok, counted bool) int64 {
+	o := &st[st[j].owner]
+	switch o.kind {
+	case kindBucket:
+		tat := o.tat
+		if ok && !o.spent {
+			tat = bucketAfter(tat, now, o.interval, cost) // what Allow would report
 		}
+		return bucketRemaining(tat, now, o.interval, o.burst)
+	case kindLog:
+		n := o.ls.Count
+		if ok && !o.added {
+			n += cost
+		}
+		return max(l.Max-n, 0)
 	}
-	return hi - now
+	v := o.v
+	if ok && !counted {
+		v.Cur += cost // what Allow would report: this request spent
+	}
+	return remaining(v, st[j].size, now, l)
 }
 
-// resetAfter returns how many milliseconds after now, with no new hits, a
-// limit's load given counts v falls to 0.
-func resetAfter(v shm.View, size, now int64, fixed bool) int64 {
-	var at int64
-	switch {
-	case v.Cur > 0 && fixed:
-		at = v.Start + size
-	case v.Cur > 0:
-		at = v.Start + 2*size
-	case v.Prev > 0 && !fixed:
-		at = v.Start + size
+// limitRetryAfter returns how many milliseconds after now the request first
+// fits limits[j] (0 when it fits now).
+func limitRetryAfter(st []lstate, j int, l *Limit, now, cost int64) int64 {
+	o := &st[st[j].owner]
+	switch o.kind {
+	case kindBucket:
+		return bucketRetryAfter(o.tat, now, o.interval, o.burst, cost)
+	case kindLog:
+		return max(o.ls.Fits-now, 0)
 	}
-	return max(at-now, 0)
+	return retryAfter(o.v, st[j].size, now, cost, l)
+}
+
+// limitReset returns how many milliseconds after now limits[j]'s whole quota
+// is back, with no new requests.
+func limitReset(st []lstate, j int, l *Limit, now, cost int64, ok, counted bool) int64 {
+	o := &st[st[j].owner]
+	switch o.kind {
+	case kindBucket:
+		tat := o.tat
+		if ok && !o.spent {
+			tat = bucketAfter(tat, now, o.interval, cost)
+		}
+		return bucketReset(tat, now)
+	case kindLog:
+		ls := o.ls
+		if ok && !o.added {
+			ls = logAfter(ls, now, o.size, cost)
+		}
+		return max(ls.Empty-now, 0)
+	}
+	v := o.v
+	if ok && !counted {
+		v.Cur += cost
+	}
+	return resetAfter(v, st[j].size, now, l.fixed())
 }

@@ -14,7 +14,7 @@ import (
 // bruteRetry scans every millisecond for the first instant a request fits.
 func bruteRetry(v shm.View, size, now, cost int64, l Limit) int64 {
 	for t := now; ; t++ {
-		if fits(project(v, size, t), size, t, cost, l) {
+		if fits(project(v, size, t), size, t, cost, &l) {
 			return t - now
 		}
 	}
@@ -22,13 +22,13 @@ func bruteRetry(v shm.View, size, now, cost int64, l Limit) int64 {
 
 func checkRetry(t *testing.T, v shm.View, size, now, cost int64, l Limit) {
 	t.Helper()
-	got := retryAfter(v, size, now, cost, l)
+	got := retryAfter(v, size, now, cost, &l)
 	if want := bruteRetry(v, size, now, cost, l); got != want {
 		t.Fatalf("retryAfter(%+v, size %d, now %d, cost %d, %+v) = %d, want %d", v, size, now, cost, l, got, want)
 	}
 	// The load never grows without hits: the answer stays admitted after.
 	for _, d := range []int64{1, 7, size / 3, size, 2 * size} {
-		if tt := now + got + d; !fits(project(v, size, tt), size, tt, cost, l) {
+		if tt := now + got + d; !fits(project(v, size, tt), size, tt, cost, &l) {
 			t.Fatalf("rejected again %d ms after RetryAfter: %+v size %d now %d cost %d %+v", d, v, size, now, cost, l)
 		}
 	}

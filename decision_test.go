@@ -2,6 +2,7 @@ package ratelimit_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -57,7 +58,10 @@ func newDecNS(t testing.TB, mode string, clk *decClock, windows ...time.Duration
 // caller registers it before the store's own cleanups.
 func newDecNSOn(t testing.TB, mode string, clk *decClock, st strategy.Strategy, windows ...time.Duration) *ratelimit.Namespace {
 	t.Helper()
-	cfg := ratelimit.Config{WindowSizes: windows, Clock: clk.Now, Strategy: st}
+	// A generous SyncTimeout: on a loaded two-core machine under the race
+	// detector a push to miniredis once took over the default second, and
+	// these tests check decisions, not timeouts.
+	cfg := ratelimit.Config{WindowSizes: windows, Clock: clk.Now, Strategy: st, SyncTimeout: 30 * time.Second}
 	switch mode {
 	case "local":
 		cfg.SyncRate, cfg.Strategy = -1, nil
@@ -346,7 +350,7 @@ func TestRetryAfterTruthfulRedis(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			t.Cleanup(func() { goleak.VerifyNone(t) })
 			mr := miniredis.RunT(t)
-			client := goredis.NewClient(&goredis.Options{Addr: mr.Addr()})
+			client := goredis.NewClient(&goredis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 			t.Cleanup(func() { _ = client.Close() })
 			st, err := rlredis.New(client, rlredis.Options{})
 			require.NoError(t, err)
@@ -369,14 +373,28 @@ func checkRetryAfterTruthful(t *testing.T, ns *ratelimit.Namespace, clk *decCloc
 	for round := range rounds {
 		key := fmt.Sprintf("k%d", round)
 		// One or two limits over distinct windows.
+		// Every algorithm the namespace supports: sliding and fixed windows,
+		// token buckets, sliding logs.
 		perm := rng.Perm(len(windows))
 		limits := make([]ratelimit.Limit, 1+rng.IntN(2))
 		for i := range limits {
-			limits[i] = ratelimit.Limit{Window: windows[perm[i]], Max: 1 + rng.Int64N(30), Fixed: rng.IntN(4) == 0}
+			l := ratelimit.Limit{Window: windows[perm[i]], Max: 1 + rng.Int64N(30)}
+			switch rng.IntN(4) {
+			case 1:
+				l.Algorithm = ratelimit.FixedWindow
+			case 2:
+				l.Algorithm, l.Burst = ratelimit.TokenBucket, rng.Int64N(2*l.Max)
+			case 3:
+				l.Algorithm = ratelimit.SlidingLog
+			}
+			if errors.Is(ns.CheckLimits(0, l), ratelimit.ErrUnsupportedLimit) {
+				l.Algorithm, l.Burst = ratelimit.SlidingWindow, 0
+			}
+			limits[i] = l
 		}
-		maxCost := limits[0].Max
+		maxCost := capacity(limits[0])
 		for _, l := range limits {
-			maxCost = min(maxCost, l.Max)
+			maxCost = min(maxCost, capacity(l))
 		}
 		// A random position and a random history of bursts.
 		clk.Set(decEpoch.Add(time.Duration(rng.Int64N(int64(24 * time.Hour)))).Truncate(time.Millisecond))
@@ -419,17 +437,17 @@ func checkRetryAfterTruthful(t *testing.T, ns *ratelimit.Namespace, clk *decCloc
 		clk.Set(at)
 		p, err := ns.Peek(ctx, key, 0, d.Limit)
 		require.NoError(t, err)
-		require.Equal(t, d.Reset, p.Reset)
+		require.Equal(t, d.Reset, p.Reset, "round %d: %+v, decision %+v", round, limits, d)
 		if d.Reset > 0 {
 			clk.Set(at.Add(d.Reset - time.Millisecond))
 			p, err = ns.Peek(ctx, key, 0, d.Limit)
 			require.NoError(t, err)
-			require.Less(t, p.Remaining, d.Limit.Max)
+			require.Less(t, p.Remaining, capacity(d.Limit))
 		}
 		clk.Set(at.Add(d.Reset))
 		p, err = ns.Peek(ctx, key, 0, d.Limit)
 		require.NoError(t, err)
-		require.Equal(t, d.Limit.Max, p.Remaining)
+		require.Equal(t, capacity(d.Limit), p.Remaining)
 		require.Zero(t, p.Reset)
 
 		clk.Set(at.Add(d.RetryAfter))

@@ -39,51 +39,67 @@ type Namespace struct {
 
 	// tables[i/2] holds window size i at index i%2: an entry holds two sizes.
 	tables []*shm.Table
-	sizeMS []int64
+	// buckets[i] and logs[i] hold the token buckets and sliding logs of
+	// window size i, once a limit used them (kinds.go).
+	buckets      []atomic.Pointer[shm.Buckets]
+	logs         []atomic.Pointer[shm.Logs]
+	kindMu       sync.Mutex // serialises their creation
+	capabilities strategy.Capabilities
+	// takes are synchronous-mode decisions to settle with the store (take.go).
+	takeMu sync.Mutex
+	takes  []*pendingTake // guarded by takeMu
+	// droppedTakes counts the cost of queued Takes given up (maxPendingTakes).
+	droppedTakes atomic.Int64
+	sizeMS       []int64
 	// nowMS reads the clock in Unix milliseconds: the default clock, which
 	// reads it more cheaply than time.Now, or Config.Clock.
 	nowMS func() int64
+	tick  *tickClock // the default clock, nil when Config.Clock is set
 
 	// syncSem serialises sync cycles and fetches: at most one runs at a time.
 	// A channel rather than a mutex, so a caller can stop waiting when its
 	// context is done (Close must return by its deadline).
 	syncSem   chan struct{}
-	lastPurge time.Time
+	lastPurge time.Time // when a sync cycle last called Purge; guarded by syncSem
 	// unresolved are pushes whose outcome is unknown, oldest first. They are
 	// re-sent unchanged before any newer hit is pushed.
 	unresMu    sync.Mutex
-	unresolved []*push
-	spare      *push // a settled cycle's push, reused for its buffers (under syncSem)
+	unresolved []*push // guarded by unresMu
+	spare      *push   // a settled cycle's push, reused for its buffers (under syncSem)
 
 	stats stats
+	hot   *hotKeys    // nil unless Config.HotKeys is on
+	cold  *coldReader // nil unless periodic mode reads cold keys first (coldread.go)
 	// storeDown is set while the last sync cycle failed: answers from local
 	// state are then marked Degraded in every mode.
 	storeDown atomic.Bool
+	// throughDown is set while synchronous-mode pushes fail; then a
+	// write-through goes to the store only as the probe in flight (probing),
+	// and the others answer from local state (see sendThrough).
+	throughDown, probing atomic.Bool
 
 	closed    atomic.Bool
+	calls     [decisionStripes]callStripe // calls in flight, on a random stripe (see enter)
 	closeOnce sync.Once
-	closeErr  error
+	closeErr  error           // written once inside closeOnce; read after it
 	ctx       context.Context // cancelled when Close gives up waiting
-	cancel    context.CancelFunc
-	done      chan struct{} // closed by Close to stop the loop
-	trigger   chan struct{} // asks the loop for a cycle now (capacity 1, sends never block)
-	loopDone  chan struct{}
+	// closing is cancelled as soon as Close begins: calls waiting for a
+	// cold read stop waiting (Close then waits for them to finish).
+	closing    context.Context
+	endClosing context.CancelFunc
+	cancel     context.CancelFunc
+	done       chan struct{} // closed by Close to stop the loop
+	trigger    chan struct{} // asks the loop for a cycle now (capacity 1, sends never block)
+	loopDone   chan struct{}
 }
 
 func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
-	var nowMS func() int64
-	if cfg.Clock == nil {
-		nowMS = newSystemClock().unixMilli
-	}
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
-	if nowMS == nil {
-		clock := cfg.Clock
-		nowMS = func() int64 { return clock().UnixMilli() }
-	}
+	nowMS, tick := cfg.clock()
 	ns := &Namespace{name: cfg.Namespace, cfg: cfg, store: cfg.Strategy, reg: reg, log: cfg.Logger,
-		nowMS: nowMS, trigger: make(chan struct{}, 1)}
+		nowMS: nowMS, tick: tick, trigger: make(chan struct{}, 1)}
 	switch {
 	case cfg.SyncRate < 0:
 		ns.mode, ns.store = modeLocal, nil
@@ -91,6 +107,16 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 		ns.mode = modeSync
 	default:
 		ns.mode = modeAsync
+	}
+	if ns.store != nil {
+		ns.capabilities = strategy.CapabilitiesOf(ns.store)
+	}
+	ns.buckets = make([]atomic.Pointer[shm.Buckets], len(cfg.WindowSizes))
+	ns.logs = make([]atomic.Pointer[shm.Logs], len(cfg.WindowSizes))
+	ns.hot = newHotKeys(cfg.HotKeys, nowMS)
+	ns.cold = newColdReader(ns)
+	if cfg.Observer != nil && ns.store != nil {
+		ns.store = &observedStore{inner: ns.store, obs: cfg.Observer, ns: cfg.Namespace}
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
@@ -100,6 +126,7 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 		sizes := cfg.WindowSizes[i:min(i+2, len(cfg.WindowSizes))]
 		t, err := shm.New(shm.Options{Sizes: sizes, MaxKeys: perTable, Track: ns.mode != modeLocal,
 			WriteThrough: ns.mode == modeSync, Settle: settleTime(cfg.SyncRate), ReadAhead: readAhead(ns.mode, cfg.MaxClockSkew), Walk: ns.mode == modeAsync,
+			Watch:    ns.mode == modeAsync && ns.capabilities.Watch && cfg.FetchScope == FetchSeen,
 			Pressure: ns.poke})
 		if err != nil {
 			return nil, fmt.Errorf("%w: WindowSizes: %w", ErrInvalidConfig, err)
@@ -111,6 +138,7 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 	}
 	ns.stats.decisions = make([]decisionCounters, len(cfg.WindowSizes)*decisionStripes)
 	ns.ctx, ns.cancel = context.WithCancel(context.Background())
+	ns.closing, ns.endClosing = context.WithCancel(context.Background())
 	ns.done = make(chan struct{})
 	ns.syncSem = make(chan struct{}, 1)
 	ns.loopDone = make(chan struct{})
@@ -166,9 +194,6 @@ func (ns *Namespace) check(ctx context.Context, key string, window time.Duration
 	if ctx == nil {
 		return nil, 0, "", ErrNilContext
 	}
-	if ns.closed.Load() {
-		return nil, 0, "", ErrClosed
-	}
 	if key == "" {
 		return nil, 0, "", ErrInvalidKey
 	}
@@ -212,6 +237,11 @@ func hashKey(key string) string {
 // is computed from this node's state, the error matches ErrStoreUnavailable,
 // and the hit is kept and pushed later: it is never lost.
 func (ns *Namespace) Increment(ctx context.Context, key string, window time.Duration, value int64) (float64, error) {
+	s, open := ns.enter()
+	if !open {
+		return 0, closedOr(ctx)
+	}
+	defer leave(s)
 	t, i, key, err := ns.check(ctx, key, window)
 	if err != nil {
 		return 0, err
@@ -223,7 +253,12 @@ func (ns *Namespace) Increment(ctx context.Context, key string, window time.Dura
 	if ns.mode == modeSync {
 		return ns.through(ctx, t, i, key, now, value, true)
 	}
-	v := t.Add(key, i%2, now, value)
+	var v shm.View
+	if ns.cold != nil { // a cold key is read from the store first (coldread.go)
+		v, now = ns.applyWarm(ctx, t, i, key, now, value, false)
+	} else {
+		v = t.Add(key, i%2, now, value)
+	}
 	return slidingRate(v.Cur, v.Prev, now, v.Start, ns.sizeMS[i]), nil
 }
 
@@ -231,6 +266,11 @@ func (ns *Namespace) Increment(ctx context.Context, key string, window time.Dura
 // The key counts as seen by this node, so the next syncs read its cluster-wide
 // total (fetch scope FetchSeen). In synchronous mode it reads the store.
 func (ns *Namespace) SlidingWindow(ctx context.Context, key string, window time.Duration) (float64, error) {
+	s, open := ns.enter()
+	if !open {
+		return 0, closedOr(ctx)
+	}
+	defer leave(s)
 	t, i, key, err := ns.check(ctx, key, window)
 	if err != nil {
 		return 0, err
@@ -239,7 +279,12 @@ func (ns *Namespace) SlidingWindow(ctx context.Context, key string, window time.
 	if ns.mode == modeSync {
 		return ns.through(ctx, t, i, key, now, 0, false)
 	}
-	v := t.Peek(key, i%2, now)
+	var v shm.View
+	if ns.cold != nil {
+		v, now = ns.applyWarm(ctx, t, i, key, now, 0, true)
+	} else {
+		v = t.Peek(key, i%2, now)
+	}
 	return slidingRate(v.Cur, v.Prev, now, v.Start, ns.sizeMS[i]), nil
 }
 
@@ -251,25 +296,47 @@ func (ns *Namespace) newBatchID() string {
 
 // Close stops the sync loop and pushes every unsynced hit before it returns.
 // It is idempotent: later calls return the first call's result. Calls made
-// after Close return ErrClosed. If the store cannot take the hits before ctx
-// is done, Close returns an error matching ErrStoreUnavailable.
+// after Close return ErrClosed; calls in flight when Close begins finish
+// first, and their hits are pushed with the others (a synchronous-mode
+// write-through still waiting on the store when ctx is done makes Close
+// return an UnpushedError that counts its hits). Close returns nil only when no hit counted on
+// this node is lost. If the store cannot take the hits before ctx is done,
+// Close returns by then with an error matching ErrStoreUnavailable, in which
+// errors.As finds an *UnpushedError that says how many hits were not pushed.
 func (ns *Namespace) Close(ctx context.Context) error {
 	if ctx == nil {
 		return ErrNilContext
 	}
 	ns.closeOnce.Do(func() {
 		ns.closed.Store(true)
+		ns.endClosing() // calls waiting for a cold read answer now
+		// Calls that found the namespace open finish first, so the flush
+		// collects every hit a call reported counted.
+		callsErr := ns.waitCalls(ctx)
 		close(ns.done)
 		select {
 		case <-ns.loopDone:
 		case <-ctx.Done():
-			ns.cancel() // abort the cycle in flight
-			<-ns.loopDone
+			// Abort the cycle in flight, and do not wait for it: a store
+			// client may notice the cancellation only at the call's own
+			// deadline (go-redis does), up to SyncTimeout later. The loop
+			// then ends by itself; the flush below finds the cycle still
+			// holding the sync and reports the hits it could not push.
+			ns.cancel()
 		}
 		if ns.mode != modeLocal {
-			ns.closeErr = ns.flush(ctx)
+			err := ns.flush(ctx)
+			if err == nil {
+				// Write-throughs still in flight: the flush did not see
+				// their hits, which may not reach the store.
+				err = callsErr
+			}
+			ns.closeErr = ns.unpushed(err)
 		}
 		ns.cancel()
+		if ns.tick != nil {
+			ns.tick.close()
+		}
 		if ns.reg != nil {
 			ns.reg.forget(ns)
 		}

@@ -9,25 +9,47 @@ import (
 
 // Errors returned by the package. Match them with errors.Is.
 var (
-	// ErrNamespaceExists: Registry.New was given a namespace it already has.
+	// ErrNamespaceExists is returned by Registry.New when the registry already
+	// holds a namespace of that name.
 	ErrNamespaceExists = errors.New("ratelimit: namespace exists")
-	// ErrInvalidConfig: a Config field is invalid; the message names it.
+	// ErrInvalidConfig is returned (wrapped) by Registry.New when a Config
+	// field is invalid; the message names the field.
 	ErrInvalidConfig = errors.New("ratelimit: invalid config")
-	// ErrUnknownWindow: a window size not in the namespace's WindowSizes.
+	// ErrUnknownWindow is returned when a call names a window size that is
+	// not in the namespace's WindowSizes.
 	ErrUnknownWindow = errors.New("ratelimit: unknown window size")
-	// ErrInvalidKey: an empty key.
+	// ErrInvalidKey is returned when a call is given an empty key.
 	ErrInvalidKey = errors.New("ratelimit: invalid key")
-	// ErrInvalidValue: an increment outside ±MaxValue.
+	// ErrInvalidValue is returned by Increment when the value is outside
+	// ±MaxValue.
 	ErrInvalidValue = errors.New("ratelimit: invalid value")
-	// ErrNilContext: a nil context.Context.
+	// ErrNilContext is returned when a call is given a nil context.Context.
 	ErrNilContext = errors.New("ratelimit: nil context")
-	// ErrClosed: the namespace or registry was closed.
+	// ErrClosed is returned by every call on a namespace or registry after
+	// its Close.
 	ErrClosed = errors.New("ratelimit: closed")
-	// ErrStoreUnavailable wraps the store's error when a call needed the store
-	// and could not use it. The answer that comes with it is computed from
-	// this node's local state, and no hit is lost: it is pushed later.
+	// ErrStoreUnavailable is returned, wrapping the store's error, when a call
+	// needed the store and could not use it. The answer that comes with it is
+	// computed from this node's local state, and no hit is lost: it is pushed
+	// later.
 	ErrStoreUnavailable = errors.New("ratelimit: store unavailable")
 )
+
+// UnpushedError is the error of a Sync or Close that could not push every hit
+// counted on this node: Hits says how many the store has not confirmed when
+// the call returned. It wraps the store's error, so it also matches
+// ErrStoreUnavailable. Hits that are not lost wait for a later push; after
+// Close, they are lost.
+type UnpushedError struct {
+	Hits int64 // hits counted on this node that the store has not confirmed
+	Err  error // why they could not be pushed
+}
+
+func (e *UnpushedError) Error() string {
+	return fmt.Sprintf("ratelimit: %d hits not pushed: %v", e.Hits, e.Err)
+}
+
+func (e *UnpushedError) Unwrap() error { return e.Err }
 
 // MaxValue bounds the magnitude of one increment. Rates are float64, exact up
 // to 2^53; a larger value is rejected with ErrInvalidValue.
@@ -91,10 +113,13 @@ func (r *Registry) Close(ctx context.Context) error {
 		spaces = append(spaces, ns)
 	}
 	r.mu.Unlock()
-	var errs []error
-	for _, ns := range spaces {
-		errs = append(errs, ns.Close(ctx))
+	// In parallel: every namespace gets the whole of ctx's time to flush.
+	errs := make([]error, len(spaces))
+	var wg sync.WaitGroup
+	for i, ns := range spaces {
+		wg.Go(func() { errs[i] = ns.Close(ctx) })
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 

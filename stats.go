@@ -7,13 +7,23 @@ import (
 
 // Stats is a snapshot of a namespace's counters, for monitoring.
 type Stats struct {
-	TrackedKeys      int           // keys held in memory now
-	Evictions        int64         // keys evicted by the MaxKeys cap
-	Syncs            int64         // sync cycles run (by the loop or Sync)
-	SyncErrors       int64         // sync cycles that failed
-	PendingHits      int64         // hits counted here that the store has not confirmed yet
-	RetiredWindows   int           // evicted or rotated windows whose hits wait for a push
-	UnresolvedPushes int           // pushes whose outcome is unknown, to re-send
+	TrackedKeys    int   // keys held in memory now (in the fullest table: windows, token buckets or sliding logs)
+	Evictions      int64 // keys evicted by the MaxKeys cap
+	Syncs          int64 // sync cycles run (by the loop or Sync)
+	SyncErrors     int64 // sync cycles that failed
+	PendingHits    int64 // hits counted here that the store has not confirmed yet
+	RetiredWindows int   // evicted or rotated windows whose hits wait for a push
+	// DroppedHits counts unconfirmed hits given up to keep memory bounded
+	// during a long store outage: the retired windows past their cap (first
+	// those too old to weigh in any decision, then those with the fewest
+	// hits), the spent tokens of evicted token buckets past theirs, and the
+	// cost of synchronous-mode decisions past maxPendingTakes. They never
+	// reach the store.
+	DroppedHits      int64
+	UnresolvedPushes int // pushes whose outcome is unknown, to re-send
+	// UnsettledTakes counts synchronous-mode decisions on token buckets and
+	// sliding logs made while the store failed, waiting to be settled with it.
+	UnsettledTakes   int
 	LastSync         time.Time     // when the last cycle ended (zero before the first)
 	LastSyncDuration time.Duration // how long the last cycle took
 	// Decisions counts Allow's answers per window size, in WindowSizes order.
@@ -95,11 +105,25 @@ func (ns *Namespace) Stats() Stats {
 	for _, t := range ns.tables {
 		st.TrackedKeys = max(st.TrackedKeys, t.Len())
 		st.Evictions += t.Evictions()
+		st.DroppedHits += t.DroppedHits()
 	}
+	for i := range ns.buckets {
+		if t := ns.buckets[i].Load(); t != nil {
+			st.TrackedKeys = max(st.TrackedKeys, t.Len())
+			st.Evictions += t.Evictions()
+			st.DroppedHits += t.DroppedTokens()
+		}
+		if t := ns.logs[i].Load(); t != nil {
+			st.TrackedKeys = max(st.TrackedKeys, t.Len())
+			st.Evictions += t.Evictions()
+		}
+	}
+	st.DroppedHits += ns.droppedTakes.Load()
 	st.PendingHits, st.RetiredWindows = ns.pendingHits()
 	ns.unresMu.Lock()
 	st.UnresolvedPushes = len(ns.unresolved)
 	ns.unresMu.Unlock()
+	st.UnsettledTakes, _ = ns.pendingTakes()
 	for i, w := range ns.cfg.WindowSizes {
 		wd := WindowDecisions{Window: w}
 		stripes := ns.stats.decisions[i*decisionStripes : (i+1)*decisionStripes]

@@ -19,7 +19,13 @@ func (ns *Namespace) pushSize() int { return min(max(ns.cfg.MaxKeys/8, 1024), 16
 // push is one batch sent to the store: a part per table, joined into one
 // strategy.Batch so a sync cycle is one round trip.
 type push struct {
-	parts   []shm.Batch
+	parts []shm.Batch
+	// watches are the watches of table watchTable (see shm.Table.Watches),
+	// sent with the first push of its pass.
+	watches    []strategy.Watch
+	watchTable int
+	// bparts[i] is the part of the token buckets of window size i.
+	bparts  []shm.BucketBatch
 	batch   strategy.Batch
 	unknown bool // an attempt's outcome was unknown: only a success settles it now
 }
@@ -30,20 +36,39 @@ func (ns *Namespace) newPush() *push {
 	return p
 }
 
-// assemble joins the parts into p.batch.
-func (p *push) assemble() {
+// bucketPart returns p's part for the token buckets of window size i.
+func (p *push) bucketPart(ns *Namespace, i int) *shm.BucketBatch {
+	if p.bparts == nil {
+		p.bparts = make([]shm.BucketBatch, len(ns.cfg.WindowSizes))
+	}
+	return &p.bparts[i]
+}
+
+// assemble joins the parts into p.batch, at now (the batch's Now: kept by a
+// re-send, which does not assemble again).
+func (p *push) assemble(now int64) {
+	p.batch.Now = now
 	if len(p.parts) == 1 {
 		p.batch.Diffs, p.batch.Reads = p.parts[0].Diffs, p.parts[0].Reads
-		return
+	} else {
+		p.batch.Diffs, p.batch.Reads = p.batch.Diffs[:0], p.batch.Reads[:0]
+		for i := range p.parts {
+			p.batch.Diffs = append(p.batch.Diffs, p.parts[i].Diffs...)
+			p.batch.Reads = append(p.batch.Reads, p.parts[i].Reads...)
+		}
 	}
-	p.batch.Diffs, p.batch.Reads = p.batch.Diffs[:0], p.batch.Reads[:0]
-	for i := range p.parts {
-		p.batch.Diffs = append(p.batch.Diffs, p.parts[i].Diffs...)
-		p.batch.Reads = append(p.batch.Reads, p.parts[i].Reads...)
+	p.batch.Watches = p.watches
+	p.batch.BucketDiffs, p.batch.BucketReads = p.batch.BucketDiffs[:0], p.batch.BucketReads[:0]
+	for i := range p.bparts {
+		p.batch.BucketDiffs = append(p.batch.BucketDiffs, p.bparts[i].Diffs...)
+		p.batch.BucketReads = append(p.batch.BucketReads, p.bparts[i].Reads...)
 	}
 }
 
-func (p *push) empty() bool { return len(p.batch.Diffs) == 0 && len(p.batch.Reads) == 0 }
+func (p *push) empty() bool {
+	return len(p.batch.Diffs) == 0 && len(p.batch.Reads) == 0 && len(p.batch.BucketDiffs) == 0 && len(p.batch.BucketReads) == 0 &&
+		len(p.batch.Watches) == 0
+}
 
 // send makes one attempt at p and settles it when the answer is definite: on
 // success the tables learn the totals; when the store surely applied nothing
@@ -53,11 +78,15 @@ func (ns *Namespace) send(ctx context.Context, p *push) error {
 	cctx, cancel := context.WithTimeout(ctx, ns.cfg.SyncTimeout)
 	res, err := ns.store.PushDiffs(cctx, &p.batch)
 	cancel()
-	if err == nil && (len(res.Totals) != len(p.batch.Diffs) || len(res.Reads) != len(p.batch.Reads)) {
-		err = fmt.Errorf("store answered %d totals and %d reads for %d diffs and %d reads",
-			len(res.Totals), len(res.Reads), len(p.batch.Diffs), len(p.batch.Reads))
+	if err == nil && (len(res.Totals) != len(p.batch.Diffs) || len(res.Reads) != len(p.batch.Reads) ||
+		len(res.Buckets) != len(p.batch.BucketDiffs) || len(res.BucketReads) != len(p.batch.BucketReads) ||
+		len(res.Changes) != len(p.batch.Watches)) {
+		err = fmt.Errorf("store answered %d totals, %d reads, %d buckets and %d bucket reads for %d diffs, %d reads, %d bucket diffs and %d bucket reads",
+			len(res.Totals), len(res.Reads), len(res.Buckets), len(res.BucketReads),
+			len(p.batch.Diffs), len(p.batch.Reads), len(p.batch.BucketDiffs), len(p.batch.BucketReads))
 	}
 	if err == nil {
+		ns.throughDown.Store(false)
 		d, r := 0, 0
 		for i := range p.parts {
 			part := &p.parts[i]
@@ -65,12 +94,25 @@ func (ns *Namespace) send(ctx context.Context, p *push) error {
 			ns.tables[i].Ack(part, strategy.Result{Totals: res.Totals[d : d+nd], Reads: res.Reads[r : r+nr]})
 			d, r = d+nd, r+nr
 		}
+		if len(p.batch.Watches) > 0 {
+			t := ns.tables[p.watchTable]
+			for k, w := range p.batch.Watches {
+				t.LoadChanges(w, res.Changes[k], p.batch.Now)
+			}
+		}
+		d, r = 0, 0
+		for i := range p.bparts {
+			part := &p.bparts[i]
+			nd, nr := len(part.Diffs), len(part.Reads)
+			if nd+nr > 0 {
+				ns.bucketTable(i).Ack(part, res.Buckets[d:d+nd], res.BucketReads[r:r+nr])
+			}
+			d, r = d+nd, r+nr
+		}
 		return nil
 	}
 	if !p.unknown && errors.Is(err, strategy.ErrNotApplied) {
-		for i := range p.parts {
-			ns.tables[i].Release(&p.parts[i])
-		}
+		ns.release(p)
 	} else {
 		p.unknown = true
 	}
@@ -83,7 +125,12 @@ func (ns *Namespace) keepSpare(p *push) {
 	for i := range p.parts {
 		p.parts[i].Reset()
 	}
+	for i := range p.bparts {
+		p.bparts[i].Reset()
+	}
 	p.batch.Diffs, p.batch.Reads = nil, nil
+	p.batch.BucketDiffs, p.batch.BucketReads = nil, nil
+	p.watches, p.batch.Watches = p.watches[:0], nil
 	ns.spare = p
 }
 
@@ -123,31 +170,30 @@ func (ns *Namespace) syncOnce(ctx context.Context, reads bool) error {
 		}
 		ns.dropUnresolved(p)
 	}
-	// Hits are pushed in chunks of at most pushSize counters, one after
-	// another, each settled before the next is collected: the memory a
-	// cycle needs is bounded whatever the traffic since the last one.
+	// Hits are pushed in chunks of at most pushSize counters (plus one
+	// shard's share), one after another, each settled before the next is
+	// collected: the memory a cycle needs is bounded whatever the traffic
+	// since the last one. Each cycle is a whole pass over every table, so a
+	// cycle that returns nil pushed every hit counted before it began.
 	for i, t := range ns.tables {
-		for done := false; !done; {
-			p := ns.spare
-			ns.spare = nil
-			if p == nil {
-				p = ns.newPush()
-			} else {
-				p.batch.ID, p.unknown = ns.newBatchID(), false
+		if err := ns.syncTable(ctx, i, now, reads, true); err != nil {
+			return err
+		}
+		if reads && t.FullReads() > 0 {
+			// The store could not list a window's changes: read it in
+			// full now, after the cursor it answered, rather than a cycle
+			// late.
+			if err := ns.syncTable(ctx, i, now, reads, false); err != nil {
+				return err
 			}
-			done = t.CollectSome(now, reads, &p.parts[i], ns.pushSize())
-			p.assemble()
-			if !p.empty() {
-				if err := ns.send(ctx, p); err != nil {
-					if p.unknown {
-						ns.keepUnresolved(p)
-					} else {
-						ns.keepSpare(p)
-					}
-					return err
-				}
-			}
-			ns.keepSpare(p)
+		}
+	}
+	if err := ns.syncBuckets(ctx, now, reads); err != nil {
+		return err
+	}
+	if ns.mode == modeSync {
+		if err := ns.settleTakes(ctx); err != nil {
+			return err
 		}
 	}
 	if ns.cfg.FetchScope == FetchAll && reads {
@@ -163,6 +209,78 @@ func (ns *Namespace) syncOnce(ctx context.Context, reads bool) error {
 		if err != nil && ns.log != nil {
 			ns.log.Warn("ratelimit: purge failed", "namespace", ns.name, "error", err)
 		}
+	}
+	return nil
+}
+
+// syncTable runs one pass over table i: it pushes every hit not yet pushed,
+// in chunks of at most pushSize counters, with the reads the pass needs and,
+// with watch set, the table's watches in its first push. The caller holds
+// syncSem.
+func (ns *Namespace) syncTable(ctx context.Context, i int, now int64, reads, watch bool) error {
+	t := ns.tables[i]
+	t.Rewind()
+	for first, done := true, false; !done; first = false {
+		p := ns.spare
+		ns.spare = nil
+		if p == nil {
+			p = ns.newPush()
+		} else {
+			p.batch.ID, p.unknown = ns.newBatchID(), false
+		}
+		if first && reads && watch {
+			// The watches go with the pass's first push: the changes of
+			// the cycle are learned in one round trip.
+			p.watches, p.watchTable = t.Watches(now, p.watches[:0]), i
+		}
+		// No Batch.Bulk: a bulk push marks the store's versions instead of
+		// logging, and a marker makes the next watch of every node, this
+		// one included, overflow: once churning, a node kept itself
+		// churning (100,000 keys, 1 % changed: 259 ms a cycle instead of
+		// 20). High churn pays for the log instead (see README, Scaling).
+		done = t.CollectSome(now, reads, &p.parts[i], ns.pushSize())
+		p.assemble(now)
+		if !p.empty() {
+			if err := ns.send(ctx, p); err != nil {
+				if p.unknown {
+					ns.keepUnresolved(p)
+				} else {
+					ns.keepSpare(p)
+				}
+				return err
+			}
+		}
+		ns.keepSpare(p)
+	}
+	t.PassDone()
+	return nil
+}
+
+// syncBuckets pushes the token buckets' unpushed spends and, with reads,
+// reads every bucket this node holds: one push per bucket table. The caller
+// holds syncSem, and every earlier push is settled.
+func (ns *Namespace) syncBuckets(ctx context.Context, now int64, reads bool) error {
+	for _, b := range ns.bucketTables() {
+		p := ns.spare
+		ns.spare = nil
+		if p == nil {
+			p = ns.newPush()
+		} else {
+			p.batch.ID, p.unknown = ns.newBatchID(), false
+		}
+		b.t.Collect(now, reads, p.bucketPart(ns, b.i))
+		p.assemble(now)
+		if !p.empty() {
+			if err := ns.send(ctx, p); err != nil {
+				if p.unknown {
+					ns.keepUnresolved(p)
+				} else {
+					ns.keepSpare(p)
+				}
+				return err
+			}
+		}
+		ns.keepSpare(p)
 	}
 	return nil
 }
@@ -198,11 +316,25 @@ func (ns *Namespace) unlockSync() { <-ns.syncSem }
 // pushes every hit not yet pushed, and learns the totals of the keys this node
 // has seen. It waits for a cycle already running. It does nothing in local
 // mode.
+//
+// Sync returns nil only when every hit counted on this node before it began
+// is in the store. Otherwise its error matches ErrStoreUnavailable, and
+// errors.As finds an *UnpushedError that says how many hits wait for a push.
 func (ns *Namespace) Sync(ctx context.Context) error {
 	if ok, err := ns.usesStore(ctx); !ok {
 		return err
 	}
-	return ns.runCycle(ctx, true)
+	return ns.unpushed(ns.runCycle(ctx, true))
+}
+
+// unpushed wraps a failed cycle's error in an UnpushedError that counts the
+// hits this node still holds for the store.
+func (ns *Namespace) unpushed(err error) error {
+	if err == nil {
+		return nil
+	}
+	hits, _ := ns.pendingHits()
+	return &UnpushedError{Hits: hits, Err: err}
 }
 
 // runCycle runs one sync cycle under syncSem and records its outcome: in
@@ -213,7 +345,7 @@ func (ns *Namespace) runCycle(ctx context.Context, reads bool) error {
 		return err
 	}
 	start := time.Now()
-	err := ns.syncOnce(ctx, reads)
+	err := ns.observedSync(ctx, reads)
 	ns.unlockSync()
 	ns.stats.recordSync(start, err)
 	ns.storeDown.Store(err != nil)
@@ -282,13 +414,59 @@ func (ns *Namespace) through(ctx context.Context, t *shm.Table, i int, key strin
 // sendThrough sends a synchronous-mode push. One that carried hits and whose
 // outcome is unknown is kept, for the retry loop to re-send before anything
 // newer; a read has nothing to re-send.
+//
+// While write-throughs fail, one at a time goes to the store, as a probe; the
+// others are answered from local state at once, their hits left for the
+// retry loop to push. So a call waits for a failing store at most as long as
+// one probe, the first call after the store is back finds it, and the pushes
+// of unknown outcome kept for re-sending stay bounded however long the outage
+// (see probeDue).
 func (ns *Namespace) sendThrough(ctx context.Context, p *push) error {
-	p.assemble()
+	p.assemble(ns.now())
+	if ns.throughDown.Load() {
+		if !ns.probeDue() {
+			ns.release(p)
+			return fmt.Errorf("%w: the store is failing; answered from local state", ErrStoreUnavailable)
+		}
+		defer ns.probing.Store(false)
+	}
 	err := ns.send(ctx, p)
+	if err != nil {
+		ns.throughDown.Store(true)
+	}
 	if err != nil && p.unknown && len(p.batch.Diffs) > 0 {
 		ns.keepUnresolved(p)
 	}
 	return err
+}
+
+// maxProbesKept bounds the pushes of unknown outcome that a synchronous-mode
+// namespace keeps while its store fails; past it no write-through probes the
+// store, and the retry loop, which re-sends them, finds it back.
+const maxProbesKept = 16
+
+// probeDue reports whether a write-through may go to a store that has been
+// failing, and if so marks it as the probe in flight: one at a time, and none
+// while maxProbesKept pushes of unknown outcome wait. Any successful push
+// ends the outage (see send).
+func (ns *Namespace) probeDue() bool {
+	ns.unresMu.Lock()
+	kept := len(ns.unresolved)
+	ns.unresMu.Unlock()
+	return kept < maxProbesKept && ns.probing.CompareAndSwap(false, true)
+}
+
+// release settles a push that was never sent: its hits are pushed later,
+// with newer ones.
+func (ns *Namespace) release(p *push) {
+	for i := range p.parts {
+		ns.tables[i].Release(&p.parts[i])
+	}
+	for i := range p.bparts {
+		if len(p.bparts[i].Diffs) > 0 {
+			ns.bucketTable(i).Release(&p.bparts[i])
+		}
+	}
 }
 
 // loop runs sync cycles until Close: every SyncRate, aligned to SyncRate
@@ -316,6 +494,9 @@ func (ns *Namespace) loop() {
 		case <-timer.C:
 		case <-trigger: // evictions outrun the syncs: push their hits now
 			timer.Stop()
+		}
+		if ns.closed.Load() {
+			return // Close flushes; no cycle may start after it began
 		}
 		if err := ns.runCycle(ns.ctx, reads); err != nil {
 			failures++
@@ -401,5 +582,9 @@ func (ns *Namespace) pendingHits() (hits int64, retired int) {
 		h, r := t.Pending()
 		hits, retired = hits+h, retired+r
 	}
-	return hits, retired
+	for _, b := range ns.bucketTables() {
+		hits += b.t.Pending()
+	}
+	_, cost := ns.pendingTakes()
+	return hits + cost, retired
 }

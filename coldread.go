@@ -1,0 +1,438 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ratesync/ratelimit/shm"
+	"github.com/ratesync/ratelimit/strategy"
+)
+
+// A cold key is a key this node does not hold: never seen here, or evicted
+// since. In periodic mode its counts here are only this node's hits, so a
+// client that spent its budget on another node would be given a fresh one.
+// With Config.ColdRead on (the default), the first decision for a cold key
+// waits for one read of its current and previous windows from the store.
+//
+// The coldReader batches those reads. A caller that finds no read in flight
+// sends its own at once (a lone caller pays no hand-off); callers that arrive
+// while a read is in flight queue their keys for the next one, which a
+// goroutine sends as soon as the read in flight ends; a caller whose key is
+// already queued or in flight waits for that read instead of adding its own.
+// So concurrent cold keys share a round trip and a key is read once however
+// many callers find it cold together.
+//
+// Every wait is bounded by SyncTimeout, by the caller's context and by Close;
+// a read
+// that fails or times out leaves the decision to this node's state (Degraded)
+// and never loses the hit. While reads fail (or the sync loop's cycles do),
+// callers do not wait: one read at a time goes to the store as a probe, and
+// the first to succeed lets callers wait again.
+type coldReader struct {
+	ns *Namespace
+
+	mu     sync.Mutex
+	queued map[coldKey]*coldBatch // keys queued or in flight, with their batch (guarded by mu)
+	next   *coldBatch             // keys waiting for the read in flight to end (guarded by mu)
+	busy   bool                   // a read is in flight (guarded by mu)
+
+	// down is set while the last read failed: callers then do not wait.
+	down atomic.Bool
+}
+
+// coldKey is a key cold in one table (tables[ti]).
+type coldKey struct {
+	key string
+	ti  int
+}
+
+// coldBatch is the keys of one read.
+type coldBatch struct {
+	keys []coldKey
+	done chan struct{} // closed once the read ended and its totals are loaded
+	err  error         // the read's error; written before done is closed
+	// Room for a lone caller's key, its query and its totals, allocated
+	// with the batch.
+	keyBuf   [1]coldKey
+	qKeyBuf  [1]string
+	countBuf [1][2][2]int64
+}
+
+func newColdBatch() *coldBatch {
+	b := &coldBatch{done: make(chan struct{})}
+	b.keys = b.keyBuf[:0]
+	return b
+}
+
+// newColdReader returns the namespace's cold reader: nil (no cold reads)
+// unless the namespace syncs periodically with ColdRead on.
+func newColdReader(ns *Namespace) *coldReader {
+	if ns.mode != modeAsync || ns.cfg.ColdRead == ColdReadOff {
+		return nil
+	}
+	return &coldReader{ns: ns, queued: make(map[coldKey]*coldBatch)}
+}
+
+// applyWarm is Increment's step on this node (SlidingWindow's, with peek)
+// for a namespace that reads cold keys: one lookup counts the hit and tells
+// whether the key is held; a cold key is read first, then counted. It
+// returns the view and the time it was taken at.
+func (ns *Namespace) applyWarm(ctx context.Context, t *shm.Table, i int, key string, now, value int64, peek bool) (shm.View, int64) {
+	views, ok := t.AddWindowsIfHeld(key, now, 1<<(i%2), [2]int64{value, value}, peek)
+	if ok {
+		return views[i%2], now
+	}
+	tis := [1]int{i / 2}
+	ns.cold.warm(ctx, key, tis[:])
+	now = ns.now() // the read may have waited
+	var v shm.View
+	if peek {
+		v = t.Peek(key, i%2, now)
+	} else {
+		v = t.Add(key, i%2, now, value)
+	}
+	t.Unref(key) // seen once, as without the cold read
+	return v, now
+}
+
+// decideWarm is decideIn's first step (counting value, or reading with
+// peek) for a namespace that reads cold keys. When every limit's window
+// lives in one table (up to two window sizes: the common case), one lookup
+// counts and tells whether the key is held. Otherwise, or when the key is
+// cold, it reads the key first and leaves the counting to the caller
+// (applied false). It reports whether the key was cold, and whether the
+// read failed (Degraded).
+func (ns *Namespace) decideWarm(ctx context.Context, key string, st []lstate, now, value int64, peek bool) (cold, degraded, applied bool) {
+	if bcold, bdeg := ns.warmBuckets(ctx, key, st); bcold {
+		cold, degraded = true, bdeg
+	}
+	var mask uint8
+	var owners [2]int
+	one, first := true, -1
+	for j := range st {
+		if st[j].owner != j || st[j].kind != kindWindow {
+			continue
+		}
+		if first < 0 {
+			first = j
+		}
+		if st[j].ti != st[first].ti {
+			one = false
+			break
+		}
+		mask |= 1 << st[j].w
+		owners[st[j].w] = j
+	}
+	switch {
+	case first < 0:
+		return cold, degraded, false // no window limits
+	case !one:
+		wcold, wdeg := ns.warmLimits(ctx, key, st)
+		return cold || wcold, degraded || wdeg, false
+	}
+	views, ok := st[first].t.AddWindowsIfHeld(key, now, mask, [2]int64{value, value}, peek)
+	if ok {
+		for w := range 2 {
+			if mask&(1<<w) != 0 {
+				st[owners[w]].v = views[w]
+			}
+		}
+		return cold, degraded, true
+	}
+	tis := [1]int{st[first].ti}
+	return true, ns.cold.warm(ctx, key, tis[:]) || degraded, false
+}
+
+// warmBuckets reads, before a decision, the store's state of every token
+// bucket of st this node does not hold, in one round trip bounded by
+// SyncTimeout. It reports whether any was cold, and whether the read failed
+// or was not waited for (Degraded).
+func (ns *Namespace) warmBuckets(ctx context.Context, key string, st []lstate) (cold, degraded bool) {
+	for j := range st {
+		if s := &st[j]; s.owner == j && s.kind == kindBucket && !s.bt.Holds(key) {
+			return true, ns.readBuckets(ctx, key, st)
+		}
+	}
+	return false, false
+}
+
+// readBuckets is warmBuckets's read, for a key cold in some bucket table
+// (apart, so that a decision on held keys allocates nothing).
+func (ns *Namespace) readBuckets(ctx context.Context, key string, st []lstate) (degraded bool) {
+	var ids [maxInlineLimits]strategy.BucketID
+	var owners [maxInlineLimits]int
+	b := strategy.Batch{Namespace: ns.name, BucketReads: ids[:0]}
+	for j := range st {
+		if s := &st[j]; s.owner == j && s.kind == kindBucket && !s.bt.Holds(key) {
+			if len(b.BucketReads) == len(ids) {
+				break
+			}
+			owners[len(b.BucketReads)] = j
+			b.BucketReads = append(b.BucketReads, strategy.BucketID{Key: key, Period: ns.cfg.WindowSizes[s.idx]})
+		}
+	}
+	if ns.cold.down.Load() || ns.storeDown.Load() {
+		return true // the store is failing: do not wait for it
+	}
+	now := ns.now()
+	b.ID, b.Now = ns.newBatchID(), now
+	rctx, cancel := context.WithTimeout(ctx, ns.cfg.SyncTimeout)
+	stop := context.AfterFunc(ns.closing, cancel) // Close ends the wait
+	res, err := ns.store.PushDiffs(rctx, &b)
+	stop()
+	cancel()
+	if err != nil || len(res.BucketReads) != len(b.BucketReads) {
+		return true
+	}
+	for k, st0 := range res.BucketReads {
+		s := &st[owners[k]]
+		s.bt.Learn(key, now, st0, true)
+	}
+	return false
+}
+
+// warmLimits reads key first in the tables of a decision's limits where it
+// is cold. It reports whether the key was cold in any, and whether the read
+// failed (Degraded).
+func (ns *Namespace) warmLimits(ctx context.Context, key string, st []lstate) (cold, degraded bool) {
+	var buf [maxInlineLimits]int
+	tis := buf[:0]
+	for j := range st {
+		s := &st[j]
+		if s.owner != j || s.kind != kindWindow || slices.Contains(tis, s.ti) {
+			continue
+		}
+		if !s.t.Holds(key) {
+			tis = append(tis, s.ti)
+		}
+	}
+	if len(tis) == 0 {
+		return false, false
+	}
+	return true, ns.cold.warm(ctx, key, tis)
+}
+
+// unrefLimits undoes, after the first decision on a cold key, the reference
+// mark that finding the entry the cold read created set: a key seen once is
+// evicted before keys seen again, with or without a cold read.
+func unrefLimits(key string, st []lstate) {
+	first := -1
+	for j := range st {
+		if st[j].owner != j || st[j].kind != kindWindow {
+			continue
+		}
+		if first < 0 || st[j].ti != st[first].ti {
+			st[j].t.Unref(key)
+		}
+		if first < 0 {
+			first = j
+		}
+	}
+}
+
+// warm reads key's totals for the tables tis, in which it is cold, and loads
+// them; it reports whether the decision must be made without them
+// (Degraded): the read failed, timed out, or was not waited for.
+func (c *coldReader) warm(ctx context.Context, key string, tis []int) (degraded bool) {
+	down := c.down.Load() || c.ns.storeDown.Load()
+	var own *coldBatch // a read this caller sends itself
+	var buf [maxInlineLimits]*coldBatch
+	waits := buf[:0]
+	c.mu.Lock()
+	for _, ti := range tis {
+		k := coldKey{key, ti}
+		if b := c.queued[k]; b != nil {
+			if !slices.Contains(waits, b) {
+				waits = append(waits, b)
+			}
+			continue
+		}
+		if c.ns.tables[ti].Holds(key) {
+			continue // a read loaded it since the caller looked
+		}
+		var b *coldBatch
+		switch {
+		case !c.busy:
+			if own == nil {
+				own = newColdBatch()
+				waits = append(waits, own)
+			}
+			b = own
+		case down:
+			degraded = true // a probe is in flight: do not queue behind it
+			continue
+		default:
+			if c.next == nil {
+				c.next = newColdBatch()
+			}
+			b = c.next
+			if !slices.Contains(waits, b) {
+				waits = append(waits, b)
+			}
+		}
+		b.keys = append(b.keys, k)
+		c.queued[k] = b
+	}
+	if own != nil {
+		c.busy = true
+	}
+	c.mu.Unlock()
+
+	if own != nil {
+		if down {
+			go c.run(own) // a probe: the store has been failing, do not wait for it
+			return true
+		}
+		rctx, cancel := context.WithTimeout(ctx, c.ns.cfg.SyncTimeout)
+		stop := context.AfterFunc(c.ns.closing, cancel) // Close ends the wait
+		c.read(rctx, own, ctx)
+		stop()
+		cancel()
+		if next := c.settle(own); next != nil {
+			go c.run(next)
+		}
+	}
+	if down {
+		return true
+	}
+	var timer *time.Timer
+	for _, b := range waits {
+		select {
+		case <-b.done:
+			degraded = degraded || b.err != nil
+			continue
+		default:
+		}
+		if timer == nil {
+			timer = time.NewTimer(c.ns.cfg.SyncTimeout)
+			defer timer.Stop()
+		}
+		select {
+		case <-b.done:
+			degraded = degraded || b.err != nil
+		case <-timer.C:
+			return true
+		case <-ctx.Done():
+			return true
+		case <-c.ns.closing.Done(): // closed
+			return true
+		}
+	}
+	return degraded
+}
+
+// run sends b, then every batch queued behind it, until none is left.
+func (c *coldReader) run(b *coldBatch) {
+	for b != nil {
+		ctx, cancel := context.WithTimeout(c.ns.closing, c.ns.cfg.SyncTimeout)
+		c.read(ctx, b, c.ns.closing)
+		cancel()
+		b = c.settle(b)
+	}
+}
+
+// settle ends b's read: its keys may be queued again (they are held now,
+// unless the read failed), and its callers are released. It returns the batch
+// to send next, or nil when none is queued (then no read is in flight).
+func (c *coldReader) settle(b *coldBatch) *coldBatch {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range b.keys {
+		if c.queued[k] == b {
+			delete(c.queued, k)
+		}
+	}
+	close(b.done)
+	next := c.next
+	c.next = nil
+	c.busy = next != nil
+	return next
+}
+
+// read makes one GetCounters call for b's keys and loads the totals into the
+// tables. parent is the context the caller's own cancellation comes from: a
+// read it cancelled says nothing about the store.
+func (c *coldReader) read(ctx context.Context, b *coldBatch, parent context.Context) {
+	ns := c.ns
+	now := ns.now()
+	q := strategy.Query{Namespace: ns.name, Now: now}
+	var tableBuf [4]int
+	tables := tableBuf[:0]
+	if len(b.keys) == 1 { // the common case of a lone caller: no allocation here
+		b.qKeyBuf[0] = b.keys[0].key
+		q.Keys = b.qKeyBuf[:]
+	} else {
+		q.Keys = make([]string, 0, len(b.keys))
+	}
+	for _, k := range b.keys {
+		if len(b.keys) > 1 && (len(b.keys) > 16 || !slices.Contains(q.Keys, k.key)) {
+			q.Keys = append(q.Keys, k.key)
+		}
+		if !slices.Contains(tables, k.ti) {
+			tables = append(tables, k.ti)
+		}
+	}
+	if len(tables) == 1 {
+		q.Sizes = ns.tables[tables[0]].Sizes()
+	} else {
+		for _, ti := range tables {
+			q.Sizes = append(q.Sizes, ns.tables[ti].Sizes()...)
+		}
+	}
+	if len(b.keys) > 16 {
+		slices.Sort(q.Keys)
+		q.Keys = slices.Compact(q.Keys)
+	}
+	// counts[j] are b.keys[j]'s totals: [size index in the table][current, previous].
+	counts := b.countBuf[:]
+	if len(b.keys) > 1 {
+		counts = make([][2][2]int64, len(b.keys))
+	}
+	var index map[coldKey]int
+	if len(b.keys) > 16 {
+		index = make(map[coldKey]int, len(b.keys))
+		for j, k := range b.keys {
+			index[k] = j
+		}
+	}
+	for cnt, err := range ns.store.GetCounters(ctx, q) {
+		if err != nil {
+			b.err = fmt.Errorf("%w: cold read: %w", ErrStoreUnavailable, err)
+			if parent.Err() == nil {
+				c.down.Store(true)
+			}
+			return
+		}
+		i := slices.Index(ns.cfg.WindowSizes, cnt.Size)
+		if i < 0 {
+			continue
+		}
+		k := coldKey{cnt.Key, i / 2}
+		j := -1
+		if index != nil {
+			if n, ok := index[k]; ok {
+				j = n
+			}
+		} else {
+			j = slices.Index(b.keys, k)
+		}
+		if j < 0 {
+			continue // a key or size this read did not ask for
+		}
+		switch cur := strategy.WindowStart(now, cnt.Size); cnt.Start {
+		case cur:
+			counts[j][i%2][0] = cnt.Count
+		case cur - ns.sizeMS[i]:
+			counts[j][i%2][1] = cnt.Count
+		}
+	}
+	for j, k := range b.keys {
+		t := ns.tables[k.ti]
+		t.LoadCold(k.key, now, uint8(1)<<len(t.Sizes())-1, counts[j])
+	}
+	c.down.Store(false)
+}
