@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -49,6 +50,7 @@ func runKillLoop(t *testing.T, kills int, every time.Duration) {
 	opts := redis.Options{KeyPrefix: "kill", Shards: 16}
 	var regs []*ratelimit.Registry
 	var spaces []*ratelimit.Namespace
+	var traces []*cycleTrace
 	confirmed := new(confirmedHits) // what the nodes' successful pushes carried, per key
 	for range nodes {
 		c := goredis.NewClient(redisOptions(srv.addr())) // MaxRetries 3, as go-redis's default
@@ -62,8 +64,10 @@ func runKillLoop(t *testing.T, kills int, every time.Duration) {
 			defer cancel()
 			_ = reg.Close(ctx)
 		})
+		trace := &cycleTrace{}
+		traces = append(traces, trace)
 		ns, err := reg.New(ratelimit.Config{WindowSizes: []time.Duration{window}, SyncRate: syncRate,
-			Strategy: st, SyncTimeout: 500 * time.Millisecond, MaxBackoff: time.Second})
+			Strategy: st, SyncTimeout: 500 * time.Millisecond, MaxBackoff: time.Second, Observer: trace})
 		require.NoError(t, err)
 		regs, spaces = append(regs, reg), append(spaces, ns)
 	}
@@ -117,6 +121,7 @@ func runKillLoop(t *testing.T, kills int, every time.Duration) {
 	syncsAt := make([]int64, nodes)
 	for i, ns := range spaces {
 		syncsAt[i] = ns.Stats().Syncs
+		traces[i].begin()
 	}
 	drained := pollUntil(30*time.Second, func() bool {
 		for _, ns := range spaces {
@@ -155,6 +160,11 @@ func runKillLoop(t *testing.T, kills int, every time.Duration) {
 	n := counted.Load()
 	result(t, "%d nodes x %d keys, Redis (appendfsync always) killed and restarted %d times: %d hits counted, store %d (lost %d, excess %d); cycles to drain after the last restart %v",
 		nodes, keys, kills, n, stored, max(0, n-stored), max(0, stored-n), cycles)
+	for i, c := range cycles {
+		if c > 5 || !drained {
+			t.Logf("node %d after the last restart:\n%s", i, traces[i].String())
+		}
+	}
 	require.True(t, drained, "pending hits did not drain in 30 s")
 	for i, c := range cycles {
 		require.LessOrEqual(t, c, int64(5), "node %d needed %d cycles to drain", i, c)
@@ -199,4 +209,39 @@ func (c *confirmedHits) get(key string) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.m[key]
+}
+
+// cycleTrace records the sync cycles and store calls of one node once begin
+// is called, to show why a node needed more cycles than expected.
+type cycleTrace struct {
+	mu     sync.Mutex
+	on     bool
+	origin time.Time
+	lines  []string
+}
+
+func (c *cycleTrace) begin() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.on, c.origin = true, time.Now()
+}
+
+func (c *cycleTrace) Start(ctx context.Context, _ ratelimit.Op) context.Context { return ctx }
+
+func (c *cycleTrace) End(_ context.Context, e ratelimit.Event) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.on || len(c.lines) > 200 {
+		return
+	}
+	c.lines = append(c.lines, fmt.Sprintf("  +%v %s %v diffs %d reads %d delta %d err %v",
+		e.Start.Sub(c.origin).Round(time.Millisecond), e.Op, e.Duration.Round(time.Millisecond), e.Diffs, e.Reads, e.Delta, e.Err))
+}
+
+func (c *cycleTrace) Decision(context.Context, ratelimit.DecisionEvent) {}
+
+func (c *cycleTrace) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Join(c.lines, "\n")
 }
