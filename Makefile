@@ -15,7 +15,7 @@ GO ?= go
 # Nested modules (tools with heavy dependencies, such as the lab's plotting,
 # and compare/, which pits the stores against other libraries): each has its
 # own go.mod with a replace of the library to this checkout.
-NESTED_MODULES := cmd/ratelimit-lab grpclimit examples/grpc ratelimitotel compare
+NESTED_MODULES := cmd/ratelimit-lab grpclimit examples/grpc examples/otel ratelimitotel compare
 
 # Where strategytest.SkipOrFail records the tests it skipped.
 SKIP_LOG := $(CURDIR)/.skipped-tests.log
