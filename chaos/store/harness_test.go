@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -773,4 +774,65 @@ func keysN(prefix string, n int) []string {
 		out[i] = fmt.Sprintf("%s-%d", prefix, i)
 	}
 	return out
+}
+
+// cycleTrace records the sync cycles and store calls of one node once begin
+// is called, to show why a node needed more cycles than expected, and counts
+// the cycles begun since then (with the one in flight at begin).
+type cycleTrace struct {
+	mu       sync.Mutex
+	on       bool
+	inFlight bool // a sync cycle has started and not ended
+	begun    int  // cycles begun since begin, with the one in flight then
+	origin   time.Time
+	lines    []string
+}
+
+func (c *cycleTrace) begin() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.on, c.origin = true, time.Now()
+	if c.inFlight {
+		c.begun = 1
+	}
+}
+
+// cycles returns the cycles begun since begin.
+func (c *cycleTrace) cycles() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.begun
+}
+
+func (c *cycleTrace) Start(ctx context.Context, op ratelimit.Op) context.Context {
+	if op == ratelimit.OpSync {
+		c.mu.Lock()
+		c.inFlight = true
+		if c.on {
+			c.begun++
+		}
+		c.mu.Unlock()
+	}
+	return ctx
+}
+
+func (c *cycleTrace) End(_ context.Context, e ratelimit.Event) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.Op == ratelimit.OpSync {
+		c.inFlight = false
+	}
+	if !c.on || len(c.lines) > 200 {
+		return
+	}
+	c.lines = append(c.lines, fmt.Sprintf("  +%v %s %v diffs %d reads %d delta %d err %v",
+		e.Start.Sub(c.origin).Round(time.Millisecond), e.Op, e.Duration.Round(time.Millisecond), e.Diffs, e.Reads, e.Delta, e.Err))
+}
+
+func (c *cycleTrace) Decision(context.Context, ratelimit.DecisionEvent) {}
+
+func (c *cycleTrace) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Join(c.lines, "\n")
 }

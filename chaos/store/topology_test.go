@@ -210,9 +210,10 @@ func redisCLI(t *testing.T, timeout time.Duration, args ...string) (string, erro
 
 // countingNode is one registry and its namespace.
 type countingNode struct {
-	reg  *ratelimit.Registry
-	ns   *ratelimit.Namespace
-	sync bool // synchronous mode (SyncRate 0)
+	reg   *ratelimit.Registry
+	ns    *ratelimit.Namespace
+	sync  bool        // synchronous mode (SyncRate 0)
+	trace *cycleTrace // its cycles, counted by drain
 }
 
 // counting drives hits on keys of an hour window through several nodes.
@@ -250,8 +251,10 @@ func newCounting(t *testing.T, strategies []strategy.Strategy, synchronous int, 
 	t.Helper()
 	c := &counting{t: t, keys: keys, window: time.Hour, stop: make(chan struct{})}
 	for i, st := range strategies {
-		n := &countingNode{reg: ratelimit.NewRegistry(), sync: i >= len(strategies)-synchronous}
-		ns, err := n.reg.New(countingConfig(st, n.sync))
+		n := &countingNode{reg: ratelimit.NewRegistry(), sync: i >= len(strategies)-synchronous, trace: &cycleTrace{}}
+		cfg := countingConfig(st, n.sync)
+		cfg.Observer = n.trace
+		ns, err := n.reg.New(cfg)
 		require.NoError(t, err)
 		n.ns = ns
 		t.Cleanup(func() {
@@ -324,23 +327,30 @@ func (c *counting) maxCalls() (async, sync time.Duration) {
 }
 
 // drain waits (up to d) until no node has pending hits, and returns for each
-// node the sync cycles that took (for a synchronous node: its retries).
+// node the sync cycles it began until its own pending hits reached 0 (for a
+// synchronous node: its retries), the one in flight when drain began
+// included. A node that drained early keeps running empty cycles while
+// another waits out its backoff: those are not counted.
 func (c *counting) drain(d time.Duration) (cycles []int64, ok bool) {
-	at := make([]int64, len(c.nodes))
+	cycles = make([]int64, len(c.nodes))
 	for i, n := range c.nodes {
-		at[i] = n.ns.Stats().Syncs
+		n.trace.begin()
+		cycles[i] = -1
 	}
 	ok = pollUntil(d, func() bool {
-		for _, n := range c.nodes {
-			if n.ns.Stats().PendingHits != 0 {
-				return false
+		all := true
+		for i, n := range c.nodes {
+			if cycles[i] >= 0 {
+				continue
+			}
+			if n.ns.Stats().PendingHits == 0 {
+				cycles[i] = int64(n.trace.cycles())
+			} else {
+				all = false
 			}
 		}
-		return true
+		return all
 	})
-	for i, n := range c.nodes {
-		cycles = append(cycles, n.ns.Stats().Syncs-at[i])
-	}
 	return cycles, ok
 }
 
