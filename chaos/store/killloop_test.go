@@ -2,8 +2,10 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -57,7 +59,7 @@ func runKillLoop(t *testing.T, kills int, every time.Duration) {
 		t.Cleanup(func() { _ = c.Close() })
 		rs, err := redis.New(c, opts)
 		require.NoError(t, err)
-		st := &confirmingStore{Store: rs, confirmed: confirmed}
+		st := &confirmingStore{Store: rs, confirmed: confirmed, node: len(spaces)}
 		reg := ratelimit.NewRegistry()
 		t.Cleanup(func() { // also when the test fails: no loop may outlive it
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -158,8 +160,8 @@ func runKillLoop(t *testing.T, kills int, every time.Duration) {
 				if _, err := fmt.Sscanf(c.Key, "k%d", &k); err == nil && k < keys && c.Count != perKey[k].Load() {
 					// Where a hit was counted twice: the nodes' confirmed
 					// pushes equal to their hits point at the store.
-					t.Logf("key %s: store %d, hits %d, confirmed by successful pushes %d",
-						c.Key, c.Count, perKey[k].Load(), confirmed.get(c.Key))
+					t.Logf("key %s: store %d, hits %d, confirmed by successful pushes %d\n%s",
+						c.Key, c.Count, perKey[k].Load(), confirmed.get(c.Key), strings.Join(confirmed.about(c.Key), "\n"))
 				}
 			}
 		}
@@ -182,10 +184,13 @@ func runKillLoop(t *testing.T, kills int, every time.Duration) {
 	}
 }
 
-// confirmingStore counts, per key, the deltas of the pushes that succeeded.
+// confirmingStore counts, per key, the deltas of the pushes that succeeded,
+// and records every push (node, batch ID, outcome, deltas), so that a key
+// found counted twice comes with the history of the pushes that carried it.
 type confirmingStore struct {
 	*redis.Store
 	confirmed *confirmedHits
+	node      int
 }
 
 func (s *confirmingStore) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Result, error) {
@@ -193,12 +198,55 @@ func (s *confirmingStore) PushDiffs(ctx context.Context, b *strategy.Batch) (str
 	if err == nil {
 		s.confirmed.add(b.Diffs)
 	}
+	outcome := "ok"
+	switch {
+	case err == nil:
+	case errors.Is(err, strategy.ErrNotApplied):
+		outcome = "NOTAPPLIED " + err.Error()
+	default:
+		outcome = "unknown " + err.Error()
+	}
+	s.confirmed.record(s.node, b, outcome)
 	return res, err
 }
 
+type pushRecord struct {
+	node    int
+	id      string
+	bulk    bool
+	outcome string
+	at      time.Time
+	deltas  map[string]int64
+	reads   int
+	watches int
+}
+
 type confirmedHits struct {
-	mu sync.Mutex
-	m  map[string]int64
+	mu      sync.Mutex
+	m       map[string]int64
+	records []pushRecord
+}
+
+func (c *confirmedHits) record(node int, b *strategy.Batch, outcome string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := map[string]int64{}
+	for _, x := range b.Diffs {
+		d[x.Key] += x.Delta
+	}
+	c.records = append(c.records, pushRecord{node: node, id: b.ID, bulk: b.Bulk, outcome: outcome, at: time.Now(), deltas: d, reads: len(b.Reads), watches: len(b.Watches)})
+}
+
+func (c *confirmedHits) about(key string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, r := range c.records {
+		if d, ok := r.deltas[key]; ok {
+			out = append(out, fmt.Sprintf("    node %d %s %s delta %d (diffs %d reads %d watches %d bulk %v): %s", r.node, r.at.Format("15:04:05.000"), r.id, d, len(r.deltas), r.reads, r.watches, r.bulk, r.outcome))
+		}
+	}
+	return out
 }
 
 func (c *confirmedHits) add(diffs []strategy.Diff) {
