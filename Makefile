@@ -5,8 +5,9 @@
 # the tests, one line per package names the variable its skipped tests need.
 #
 # Expected times on a 2-core machine, with Redis and PostgreSQL set:
-#   make test   1.7 min once built (about 12 min on a fresh clone: it compiles
-#               everything with the race detector first);
+#   make test   about 6 min once built (2.8 min with no server set; about
+#               12 min more on a fresh clone: it compiles everything with the
+#               race detector first);
 #   make quick  about 25 s (3 s when the results of unchanged packages are cached);
 #   make lint   about 1.5 min the first time (staticcheck builds its analysis
 #               data), 5 to 15 s after.
