@@ -40,67 +40,6 @@ type Buckets struct {
 	retCap  int
 }
 
-type bshard struct {
-	mu sync.RWMutex
-	// m holds the shard's buckets by their key's 64-bit hash, the one hash
-	// a lookup computes (it picked the shard too); buckets whose keys share a
-	// hash are chained through next.
-	m   map[uint64]*bucket
-	n   int // buckets held
-	cap int
-	_   [64]byte
-}
-
-// find returns the bucket of key (hash h), or nil. The caller holds s.mu.
-func (s *bshard) find(h uint64, key string) *bucket {
-	for bk := s.m[h]; bk != nil; bk = bk.next {
-		if bk.key == key {
-			return bk
-		}
-	}
-	return nil
-}
-
-// add puts bk (hash bk.h) in s. The caller holds s.mu for writing.
-func (s *bshard) add(bk *bucket) {
-	bk.next = s.m[bk.h]
-	s.m[bk.h] = bk
-	s.n++
-}
-
-// del takes bk out of s. The caller holds s.mu for writing.
-func (s *bshard) del(bk *bucket) {
-	p := s.m[bk.h]
-	if p == bk {
-		if bk.next == nil {
-			delete(s.m, bk.h)
-		} else {
-			s.m[bk.h] = bk.next
-		}
-		s.n--
-		return
-	}
-	for ; p != nil; p = p.next {
-		if p.next == bk {
-			p.next = bk.next
-			s.n--
-			return
-		}
-	}
-}
-
-// each calls f for every bucket of s until it returns false. The caller
-// holds s.mu.
-func (s *bshard) each(f func(*bucket) bool) {
-	for _, bk := range s.m {
-		for ; bk != nil; bk = bk.next {
-			if !f(bk) {
-				return
-			}
-		}
-	}
-}
-
 // bucket flag bits.
 const (
 	bflagRef      uint32 = 1 << iota // used since the eviction hand last passed
@@ -135,23 +74,29 @@ func (c comp) rescale(from, to float64, now int64) comp {
 	return comp{add: c.add * to / from, floor: strategy.ConvertTAT(c.floor, from, to, now)}
 }
 
-// inlineBucketKey is the longest key a bucket holds in its own memory. A
-// bucket is 128 bytes, two cache lines (the allocator's 128-byte class keeps
-// it aligned to them), checked by a test.
-const inlineBucketKey = 24
+// inlineBucketKey is the longest key a bucket holds in its own memory.
+const inlineBucketKey = 20
 
+// bucket is one key's token bucket. It is 128 bytes, two cache lines (the
+// allocator's 128-byte class keeps it aligned to them), checked by a test: a
+// table without Track (local mode) touches only the first, which holds the
+// key (up to inlineBucketKey bytes inline), the lock and the TAT; the sync's
+// state is in the second.
 type bucket struct {
-	key   string // points into buf, or to a copy of a longer key
-	h     uint64 // key's hash in the table
-	next  *bucket
-	flags atomic.Uint32
-	mu    sync.Mutex
-	buf   [inlineBucketKey]byte
+	key string // points into buf, or to a copy of a longer key
 	// Guarded by mu:
-	interval float64 // the interval fresh and flight are kept at
-	synced   strategy.BucketState
-	fresh    comp
-	flight   comp
+	tat      float64 // without Track, the bucket's TAT; unused with it
+	interval float64 // the interval tat, fresh and flight are kept at
+	flags    atomic.Uint32
+	mu       sync.Mutex
+	buf      [inlineBucketKey]byte
+	// The second line.
+	h uint64 // key's hash in the table
+	// Guarded by mu, with Track:
+	synced strategy.BucketState
+	fresh  comp
+	flight comp
+	_      [8]byte
 }
 
 // BucketOptions configure a Buckets table.
@@ -185,7 +130,6 @@ func NewBuckets(opts BucketOptions) (*Buckets, error) {
 	b := &Buckets{period: opts.Period, track: opts.Track, seed: maphash.MakeSeed(), shards: make([]bshard, n), mask: uint64(n - 1),
 		retired: make(map[*bucket]struct{}), retCap: max(maxKeys/8, 1024)}
 	for i := range b.shards {
-		b.shards[i].m = make(map[uint64]*bucket)
 		b.shards[i].cap = maxKeys / n
 		if i < maxKeys%n {
 			b.shards[i].cap++
@@ -245,7 +189,7 @@ func (b *Buckets) get(key string, now int64) *bucket {
 // newBucket returns a full bucket for key (hash h), holding a copy of key:
 // the caller's string may share a large buffer.
 func newBucket(key string, h uint64) *bucket {
-	bk := &bucket{h: h, fresh: identity, flight: identity}
+	bk := &bucket{h: h, tat: math.Inf(-1), fresh: identity, flight: identity}
 	if len(key) <= inlineBucketKey {
 		if n := copy(bk.buf[:], key); n > 0 {
 			bk.key = unsafe.String(&bk.buf[0], n) // buf is never written again
@@ -268,26 +212,27 @@ func (b *Buckets) lookup(key string) *bucket {
 // Holds reports whether the table holds a bucket for key.
 func (b *Buckets) Holds(key string) bool { return b.lookup(key) != nil }
 
-// makeRoom removes one bucket from a full shard: the first the walk meets
-// that is full with nothing to push, or not used since the walk last passed
-// (an eviction). Go's map iteration starts at a random place, so the walk
-// is a CLOCK hand that starts anywhere. A bucket in a push in flight is never
-// removed. The caller holds s.mu for writing.
+// makeRoom removes one bucket from a full shard: the first the CLOCK hand
+// meets that is full with nothing to push, or not used since the hand last
+// passed (an eviction). A bucket in a push in flight is never removed. The
+// caller holds s.mu for writing.
 func (b *Buckets) makeRoom(s *bshard, now int64) {
 	var victim *bucket
-	for pass := 0; pass < 2 && victim == nil; pass++ {
-		s.each(func(bk *bucket) bool {
-			f := bk.flags.Load()
-			if f&bflagInFlight != 0 {
-				return true
-			}
-			if f&bflagRef == 0 || b.idle(bk, now) {
-				victim = bk
-				return false
-			}
-			bk.flags.And(^bflagRef)
-			return true
-		})
+	for range 2*len(s.slots) + 1 {
+		sl := s.slots[s.hand&(len(s.slots)-1)]
+		s.hand++
+		if sl.tag == 0 {
+			continue
+		}
+		f := sl.bk.flags.Load()
+		if f&bflagInFlight != 0 {
+			continue
+		}
+		if f&bflagRef == 0 || b.idle(sl.bk, now) {
+			victim = sl.bk
+			break
+		}
+		sl.bk.flags.And(^bflagRef)
 	}
 	if victim == nil {
 		return // every bucket is in the push in flight: exceed the cap by one
@@ -316,7 +261,7 @@ func (b *Buckets) remove(s *bshard, bk *bucket) {
 func (b *Buckets) idle(bk *bucket, now int64) bool {
 	bk.mu.Lock()
 	defer bk.mu.Unlock()
-	return bk.fresh.isIdentity() && bk.flight.isIdentity() && bk.view(now) <= float64(now)
+	return bk.fresh.isIdentity() && bk.flight.isIdentity() && b.view(bk, now) <= float64(now)
 }
 
 // retire keeps an evicted bucket's unpushed spends for the next Collect.
@@ -352,7 +297,10 @@ func (bk *bucket) markUsed() {
 
 // view returns the TAT this node sees, at the bucket's interval. The caller
 // holds bk.mu.
-func (bk *bucket) view(now int64) float64 {
+func (b *Buckets) view(bk *bucket, now int64) float64 {
+	if !b.track {
+		return bk.tat
+	}
 	tat := math.Inf(-1)
 	if bk.synced.Held() {
 		tat = strategy.ConvertTAT(bk.synced.TAT, bk.synced.Interval, bk.interval, now)
@@ -362,15 +310,30 @@ func (bk *bucket) view(now int64) float64 {
 
 // setInterval moves bk's state to interval at now: a limit whose rate
 // changed keeps the tokens owed. The caller holds bk.mu.
-func (bk *bucket) setInterval(interval float64, now int64) {
+func (b *Buckets) setInterval(bk *bucket, interval float64, now int64) {
 	if bk.interval == interval {
 		return
 	}
 	if bk.interval > 0 {
-		bk.fresh = bk.fresh.rescale(bk.interval, interval, now)
-		bk.flight = bk.flight.rescale(bk.interval, interval, now)
+		if b.track {
+			bk.fresh = bk.fresh.rescale(bk.interval, interval, now)
+			bk.flight = bk.flight.rescale(bk.interval, interval, now)
+		} else {
+			bk.tat = strategy.ConvertTAT(bk.tat, bk.interval, interval, now)
+		}
 	}
 	bk.interval = interval
+}
+
+// count applies a spend or refund d to bk: to its unpushed spends with
+// Track, else to its TAT (what the composite would make of it). The caller
+// holds bk.mu.
+func (b *Buckets) count(bk *bucket, d strategy.BucketDiff) {
+	if b.track {
+		bk.fresh = bk.fresh.then(comp{add: d.Add, floor: d.Floor})
+	} else {
+		bk.tat = math.Max(bk.tat+d.Add, d.Floor)
+	}
 }
 
 // TryMode says what Try does with a request's cost.
@@ -395,12 +358,11 @@ func (b *Buckets) Try(key string, now int64, interval float64, burst, cost int64
 	bk := b.get(key, now)
 	bk.mu.Lock()
 	bk.markUsed()
-	bk.setInterval(interval, now)
-	tat = bk.view(now)
+	b.setInterval(bk, interval, now)
+	tat = b.view(bk, now)
 	fits = strategy.BucketFits(strategy.BucketState{TAT: tat, Interval: interval}, interval, burst, cost, now)
 	if mode == SpendAlways || (mode == SpendIfFits && fits) {
-		d := strategy.SpendDiff(strategy.BucketID{}, cost, interval, now)
-		bk.fresh = bk.fresh.then(comp{add: d.Add, floor: d.Floor})
+		b.count(bk, strategy.SpendDiff(strategy.BucketID{}, cost, interval, now))
 		spent = true
 	}
 	bk.mu.Unlock()
@@ -412,9 +374,8 @@ func (b *Buckets) Refund(key string, now int64, interval float64, cost int64) {
 	bk := b.get(key, now)
 	bk.mu.Lock()
 	bk.markUsed()
-	bk.setInterval(interval, now)
-	d := strategy.RefundDiff(strategy.BucketID{}, cost, interval, now)
-	bk.fresh = bk.fresh.then(comp{add: d.Add, floor: d.Floor})
+	b.setInterval(bk, interval, now)
+	b.count(bk, strategy.RefundDiff(strategy.BucketID{}, cost, interval, now))
 	bk.mu.Unlock()
 }
 
@@ -427,8 +388,8 @@ func (b *Buckets) View(key string, now int64, interval float64) (float64, bool) 
 	}
 	bk.mu.Lock()
 	defer bk.mu.Unlock()
-	bk.setInterval(interval, now)
-	return bk.view(now), true
+	b.setInterval(bk, interval, now)
+	return b.view(bk, now), true
 }
 
 // Learn records a state the store reported for key's bucket (a synchronous
@@ -484,7 +445,7 @@ func (b *Buckets) Collect(now int64, reads bool, bb *BucketBatch) {
 			bk.flags.And(^bflagUsed)
 			switch {
 			case b.collectOne(bk, bb):
-			case !used && bk.flight.isIdentity() && bk.view(now) <= float64(now):
+			case !used && bk.flight.isIdentity() && b.view(bk, now) <= float64(now):
 				idle = append(idle, bk)
 			case reads:
 				bb.Reads = append(bb.Reads, strategy.BucketID{Key: bk.key, Period: b.period})

@@ -308,10 +308,7 @@ func (s *shard) removeAt(i uint32) {
 	s.slots[i], s.tags[i] = nil, 0
 	s.count--
 	for j := (i + 1) & m; s.tags[j] != 0; j = (j + 1) & m {
-		k := s.tags[j] & m // where the entry at j wants to be
-		// Move it into the hole at i unless its ideal slot lies cyclically
-		// in (i, j], where the hole does not break its chain.
-		if (j > i && (k <= i || k > j)) || (j < i && k <= i && k > j) {
+		if movable(i, j, s.tags[j]&m) {
 			s.slots[i], s.tags[i] = s.slots[j], s.tags[j]
 			s.slots[j], s.tags[j] = nil, 0
 			i = j
