@@ -122,7 +122,7 @@ func (l *Limit) capacity() int64 {
 
 // checkAlgorithm validates l's algorithm and its parameters, and that the
 // namespace can enforce it.
-func (ns *Namespace) checkAlgorithm(l Limit) error {
+func (ns *Namespace) checkAlgorithm(l *Limit) error {
 	switch a := l.algorithm(); {
 	case a > SlidingLog:
 		return fmt.Errorf("%w: %s: unknown algorithm %d", ErrInvalidLimit, l.PolicyName(), uint8(a))
@@ -136,6 +136,9 @@ func (ns *Namespace) checkAlgorithm(l Limit) error {
 		}
 		if iv := l.interval(); iv < minInterval || math.IsInf(iv, 0) {
 			return fmt.Errorf("%w: %s: %d tokens per %v refill more than 1,000 per millisecond", ErrInvalidLimit, l.PolicyName(), l.Max, l.Window)
+		}
+		if ns.mode == modeLocal {
+			break
 		}
 		caps := ns.caps()
 		if ns.mode == modeAsync && !caps.Buckets {

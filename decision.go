@@ -240,19 +240,36 @@ func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits 
 		return Decision{}, closedOr(ctx)
 	}
 	defer leave(s)
-	var buf [maxInlineLimits]lstate
-	key, st, err := ns.resolve(ctx, key, cost, limits, buf[:0])
+	var d Decision
+	var idx int // the binding limit's window index
+	var err error
+	if len(limits) == 1 && limits[0].Algorithm == TokenBucket && ns.mode != modeSync && ns.cold == nil {
+		d, key, idx, err = ns.decideBucket(ctx, key, cost, limits, count && cost > 0)
+	} else {
+		d, key, idx, err = ns.decideAny(ctx, key, cost, limits, count && cost > 0)
+	}
 	if err != nil {
 		return Decision{}, err
 	}
-	d, bind := ns.decideIn(ctx, key, cost, limits, st, count && cost > 0)
 	if count { // Allow's answers are counted in Stats, Peek's are not
-		ns.stats.recordDecision(key, st[bind].idx, d.Allowed, d.Degraded)
+		ns.stats.recordDecision(key, idx, d.Allowed, d.Degraded)
 		if ns.hot != nil {
 			ns.hot.record(key, !d.Allowed)
 		}
 	}
 	return d, nil
+}
+
+// decideAny is decide's general path: any limits, any mode. It returns the
+// decision, the key as stored and the binding limit's window index.
+func (ns *Namespace) decideAny(ctx context.Context, key string, cost int64, limits []Limit, count bool) (Decision, string, int, error) {
+	var buf [maxInlineLimits]lstate
+	key, st, err := ns.resolve(ctx, key, cost, limits, buf[:0])
+	if err != nil {
+		return Decision{}, "", 0, err
+	}
+	d, bind := ns.decideIn(ctx, key, cost, limits, st, count)
+	return d, key, st[bind].idx, nil
 }
 
 // decideIn makes the decision for resolved arguments and returns it with the
@@ -300,15 +317,7 @@ func tryOthers(key string, st []lstate, now, cost int64, count bool) {
 		}
 		switch s.kind {
 		case kindBucket:
-			mode := shm.Peek
-			if count {
-				mode = shm.SpendIfFits
-			}
-			s.tat0, s.fits, s.spent = s.bt.Try(key, now, s.interval, s.burst, cost, mode)
-			s.tat = s.tat0
-			if s.spent {
-				s.tat = bucketAfter(s.tat0, now, s.interval, cost)
-			}
+			s.tryBucket(key, now, cost, count)
 		case kindLog:
 			s.ls, s.fits, s.ticket = s.lt.Try(key, now, s.maxOf(), cost, count, false)
 			if s.added = s.ticket != 0; s.added {
@@ -333,8 +342,7 @@ func rollbackOthers(key string, st []lstate, now, cost int64) {
 			s.bt.Refund(key, now, s.interval, cost)
 			s.tat, s.spent = s.tat0, false
 		case s.kind == kindBucket && !s.spent && s.penalty:
-			s.tat0, _, s.spent = s.bt.Try(key, now, s.interval, s.burst, cost, shm.SpendAlways)
-			s.tat = bucketAfter(s.tat0, now, s.interval, cost)
+			s.chargeBucket(key, now, cost)
 		case s.kind == kindLog && s.ticket != 0 && !s.penalty:
 			s.lt.Remove(key, s.ticket, cost)
 			s.ls, _ = s.lt.State(key, now, s.maxOf(), cost)
@@ -515,15 +523,8 @@ func applyLocal(key string, st []lstate, now, value int64, peek, spare bool) {
 
 // resolve validates a decision's arguments and fills st, one entry per limit.
 func (ns *Namespace) resolve(ctx context.Context, key string, cost int64, limits []Limit, st []lstate) (string, []lstate, error) {
-	switch {
-	case ctx == nil:
-		return "", nil, ErrNilContext
-	case key == "":
-		return "", nil, ErrInvalidKey
-	case len(limits) == 0:
-		return "", nil, fmt.Errorf("%w: no limits", ErrInvalidLimit)
-	case cost < 0:
-		return "", nil, fmt.Errorf("%w: %d is negative", ErrInvalidCost, cost)
+	if err := checkCall(ctx, key, cost, len(limits)); err != nil {
+		return "", nil, err
 	}
 	if cap(st) < len(limits) {
 		st = make([]lstate, 0, len(limits))
@@ -570,6 +571,21 @@ func (ns *Namespace) resolve(ctx context.Context, key string, cost int64, limits
 	return ns.storedKey(key), st, nil
 }
 
+// checkCall validates a decision's arguments other than its n limits.
+func checkCall(ctx context.Context, key string, cost int64, n int) error {
+	switch {
+	case ctx == nil:
+		return ErrNilContext
+	case key == "":
+		return ErrInvalidKey
+	case n == 0:
+		return fmt.Errorf("%w: no limits", ErrInvalidLimit)
+	case cost < 0:
+		return fmt.Errorf("%w: %d is negative", ErrInvalidCost, cost)
+	}
+	return nil
+}
+
 // maxOf returns a log limit's Max.
 func (s *lstate) maxOf() int64 { return s.burst }
 
@@ -591,7 +607,7 @@ func (ns *Namespace) checkLimit(cost int64, l *Limit) (int, error) {
 		return 0, fmt.Errorf("%w: %s: Max %d is not in 1..2^53", ErrInvalidLimit, l.PolicyName(), l.Max)
 	}
 	if l.Algorithm != SlidingWindow || l.Burst != 0 { // a plain window needs no more checks
-		if err := ns.checkAlgorithm(*l); err != nil {
+		if err := ns.checkAlgorithm(l); err != nil {
 			return 0, err
 		}
 	}
@@ -749,4 +765,25 @@ func limitReset(st []lstate, j int, l *Limit, now, cost int64, ok, counted bool)
 		v.Cur += cost
 	}
 	return resetAfter(v, st[j].size, now, l.fixed())
+}
+
+// tryBucket judges the request on the token bucket of s, spending its cost
+// when it fits and count is set.
+func (s *lstate) tryBucket(key string, now, cost int64, count bool) {
+	mode := shm.Peek
+	if count {
+		mode = shm.SpendIfFits
+	}
+	s.tat0, s.fits, s.spent = s.bt.Try(key, now, s.interval, s.burst, cost, mode)
+	s.tat = s.tat0
+	if s.spent {
+		s.tat = bucketAfter(s.tat0, now, s.interval, cost)
+	}
+}
+
+// chargeBucket spends a rejected request's cost on the token bucket of s,
+// whose limit has a penalty.
+func (s *lstate) chargeBucket(key string, now, cost int64) {
+	s.tat0, _, s.spent = s.bt.Try(key, now, s.interval, s.burst, cost, shm.SpendAlways)
+	s.tat = bucketAfter(s.tat0, now, s.interval, cost)
 }

@@ -1,0 +1,32 @@
+package ratelimit
+
+import "context"
+
+// decideBucket is decide's path for the most common token-bucket call: one
+// limit, decided on this node (local or periodic mode, without cold reads).
+// It gives the answers of the general path (decideAny) without its per-limit
+// bookkeeping, and returns what decideAny returns. count says the request's
+// cost is to be spent.
+func (ns *Namespace) decideBucket(ctx context.Context, key string, cost int64, limits []Limit, count bool) (Decision, string, int, error) {
+	if err := checkCall(ctx, key, cost, 1); err != nil {
+		return Decision{}, "", 0, err
+	}
+	l := &limits[0]
+	i, err := ns.checkLimit(cost, l)
+	if err != nil {
+		return Decision{}, "", 0, err
+	}
+	key = ns.storedKey(key)
+	var st [1]lstate
+	s := &st[0]
+	s.kind, s.idx, s.size = kindBucket, i, ns.sizeMS[i]
+	s.bt, s.interval, s.burst = ns.bucketTable(i), l.interval(), l.burst()
+	now := ns.now()
+	s.tryBucket(key, now, cost, count)
+	if count && !s.fits && l.Penalty {
+		s.chargeBucket(key, now, cost)
+	}
+	d, _ := decision(st[:], limits, now, cost, s.fits, count)
+	d.Degraded = ns.storeDown.Load()
+	return d, key, i, nil
+}

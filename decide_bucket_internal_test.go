@@ -1,0 +1,58 @@
+package ratelimit
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestDecideBucketMatchesGeneralPath: the single-bucket path gives the
+// general path's answers (decision, stored key, window index, errors) on two
+// namespaces fed the same random calls: costs (0, over the burst, negative),
+// peeks and allows, penalties, refunds, clock gaps, and keys longer than MaxKeyLength.
+func TestDecideBucketMatchesGeneralPath(t *testing.T) {
+	ctx := context.Background()
+	var now time.Time
+	clock := func() time.Time { return now }
+	newNS := func() *Namespace {
+		reg := NewRegistry()
+		t.Cleanup(func() { _ = reg.Close(ctx) })
+		ns, err := reg.New(Config{WindowSizes: []time.Duration{time.Second, time.Minute}, SyncRate: -1, Clock: clock, MaxKeyLength: 64})
+		require.NoError(t, err)
+		return ns
+	}
+	fast, general := newNS(), newNS()
+	rng := rand.New(rand.NewPCG(7, 8))
+	now = time.UnixMilli(1_700_000_000_000)
+	keys := []string{"a", "b", "c", "a-key-longer-than-sixty-four-bytes-so-that-the-namespace-stores-its-hash-instead"}
+	for n := range 200_000 {
+		now = now.Add(time.Duration(rng.Int64N(40)) * time.Millisecond)
+		l := Limit{Algorithm: TokenBucket, Window: []time.Duration{time.Second, time.Minute}[rng.IntN(2)],
+			Max: 1 + rng.Int64N(20), Burst: rng.Int64N(30), Penalty: rng.IntN(5) == 0}
+		if rng.IntN(50) == 0 {
+			l.Window = time.Hour // unknown to the namespaces
+		}
+		key := keys[rng.IntN(len(keys))]
+		cost := rng.Int64N(8) - 1
+		count := rng.IntN(4) != 0
+		limits := []Limit{l}
+		if rng.IntN(10) == 0 {
+			_ = fast.Refund(ctx, key, max(cost, 0), l)
+			_ = general.Refund(ctx, key, max(cost, 0), l)
+			continue
+		}
+		gotD, gotKey, gotIdx, gotErr := fast.decideBucket(ctx, key, cost, limits, count && cost > 0)
+		wantD, wantKey, wantIdx, wantErr := general.decideAny(ctx, key, cost, limits, count && cost > 0)
+		if wantErr != nil {
+			require.EqualError(t, gotErr, wantErr.Error(), "call %d", n)
+			continue
+		}
+		require.NoError(t, gotErr, "call %d", n)
+		require.Equal(t, wantD, gotD, "call %d: %+v cost %d count %v", n, l, cost, count)
+		require.Equal(t, wantKey, gotKey)
+		require.Equal(t, wantIdx, gotIdx)
+	}
+}
