@@ -33,26 +33,27 @@ func (s *bshard) find(h uint64, key string) *bucket {
 		case 0:
 			return nil
 		case tag:
-			if sl.bk.key == key {
+			if sl.bk.keyIs(key) {
 				return sl.bk
 			}
 		}
 	}
 }
 
-// index returns the slot of bk, which s holds. The caller holds s.mu.
-func (s *bshard) index(bk *bucket) uint32 {
+// index returns the slot of bk, whose tag is tag, which s holds. The
+// caller holds s.mu.
+func (s *bshard) index(bk *bucket, tag uint32) uint32 {
 	m := uint32(len(s.slots) - 1)
-	i := tagOf(bk.h) & m
+	i := tag & m
 	for s.slots[i].bk != bk {
 		i = (i + 1) & m
 	}
 	return i
 }
 
-// add puts bk (hash bk.h) in s, growing it to keep the load at most 7/8.
-// The caller holds s.mu for writing.
-func (s *bshard) add(bk *bucket) {
+// add puts bk, whose tag is tag, in s, growing it to keep the load at most
+// 7/8. The caller holds s.mu for writing.
+func (s *bshard) add(bk *bucket, tag uint32) {
 	if (s.n+1)*8 > len(s.slots)*7 {
 		old := s.slots
 		s.slots = make([]bslot, max(minSlots, 2*len(old)))
@@ -62,7 +63,7 @@ func (s *bshard) add(bk *bucket) {
 			}
 		}
 	}
-	s.place(bslot{tag: tagOf(bk.h), bk: bk})
+	s.place(bslot{tag: tag, bk: bk})
 	s.n++
 }
 
@@ -76,11 +77,12 @@ func (s *bshard) place(sl bslot) {
 	s.slots[i] = sl
 }
 
-// del takes bk out of s with backward-shift deletion, so probe chains stay
-// unbroken without tombstones. The caller holds s.mu for writing.
-func (s *bshard) del(bk *bucket) {
+// del takes bk, whose tag is tag, out of s with backward-shift deletion, so
+// probe chains stay unbroken without tombstones. The caller holds s.mu for
+// writing.
+func (s *bshard) del(bk *bucket, tag uint32) {
 	m := uint32(len(s.slots) - 1)
-	i := s.index(bk)
+	i := s.index(bk, tag)
 	s.slots[i] = bslot{}
 	s.n--
 	for j := (i + 1) & m; s.slots[j].tag != 0; j = (j + 1) & m {

@@ -75,28 +75,55 @@ func (c comp) rescale(from, to float64, now int64) comp {
 }
 
 // inlineBucketKey is the longest key a bucket holds in its own memory.
-const inlineBucketKey = 20
+const inlineBucketKey = 24
 
-// bucket is one key's token bucket. It is 128 bytes, two cache lines (the
-// allocator's 128-byte class keeps it aligned to them), checked by a test: a
-// table without Track (local mode) touches only the first, which holds the
-// key (up to inlineBucketKey bytes inline), the lock and the TAT; the sync's
-// state is in the second.
+// longKey is a bucket's klen for a key longer than inlineBucketKey, kept in
+// its bucketExt.
+const longKey = 0xff
+
+// bucket is one key's token bucket: 64 bytes, one cache line (the
+// allocator's 64-byte class keeps it aligned to one), checked by a test. It
+// holds all that a table without Track (local mode) touches: the key (up to
+// inlineBucketKey bytes inline), the lock and the TAT. The sync's state, and a
+// longer key, are in its bucketExt.
 type bucket struct {
-	key string // points into buf, or to a copy of a longer key
 	// Guarded by mu:
 	tat      float64 // without Track, the bucket's TAT; unused with it
 	interval float64 // the interval tat, fresh and flight are kept at
+	ext      *bucketExt
 	flags    atomic.Uint32
 	mu       sync.Mutex
 	buf      [inlineBucketKey]byte
-	// The second line.
-	h uint64 // key's hash in the table
-	// Guarded by mu, with Track:
+	klen     uint8 // the key's length when in buf, or longKey
+}
+
+// bucketExt is the part of a bucket that only a table with Track, or a long
+// key, needs.
+type bucketExt struct {
+	key string // a key longer than inlineBucketKey
+	// Guarded by the bucket's mu, with Track:
 	synced strategy.BucketState
 	fresh  comp
 	flight comp
-	_      [8]byte
+}
+
+// key returns bk's key.
+func (bk *bucket) key() string {
+	switch bk.klen {
+	case longKey:
+		return bk.ext.key
+	case 0:
+		return ""
+	}
+	return unsafe.String(&bk.buf[0], int(bk.klen)) // buf is never written again
+}
+
+// keyIs reports whether bk's key is key, without copying it.
+func (bk *bucket) keyIs(key string) bool {
+	if len(key) > inlineBucketKey {
+		return bk.klen == longKey && bk.ext.key == key
+	}
+	return int(bk.klen) == len(key) && string(bk.buf[:len(key)]) == key
 }
 
 // BucketOptions configure a Buckets table.
@@ -181,21 +208,25 @@ func (b *Buckets) get(key string, now int64) *bucket {
 	if s.n >= s.cap {
 		b.makeRoom(s, now)
 	}
-	bk = newBucket(key, h)
-	s.add(bk)
+	bk = b.newBucket(key)
+	s.add(bk, tagOf(h))
 	return bk
 }
 
-// newBucket returns a full bucket for key (hash h), holding a copy of key:
-// the caller's string may share a large buffer.
-func newBucket(key string, h uint64) *bucket {
-	bk := &bucket{h: h, tat: math.Inf(-1), fresh: identity, flight: identity}
+// newBucket returns a full bucket for key, holding a copy of key: the
+// caller's string may share a large buffer.
+func (b *Buckets) newBucket(key string) *bucket {
+	bk := &bucket{tat: math.Inf(-1)}
+	if b.track {
+		bk.ext = &bucketExt{fresh: identity, flight: identity}
+	}
 	if len(key) <= inlineBucketKey {
-		if n := copy(bk.buf[:], key); n > 0 {
-			bk.key = unsafe.String(&bk.buf[0], n) // buf is never written again
-		}
+		bk.klen = uint8(copy(bk.buf[:], key))
 	} else {
-		bk.key = cloneKey(key)
+		if bk.ext == nil {
+			bk.ext = &bucketExt{}
+		}
+		bk.ext.key, bk.klen = cloneKey(key), longKey
 	}
 	return bk
 }
@@ -246,10 +277,10 @@ func (b *Buckets) makeRoom(s *bshard, now int64) {
 // remove takes bk out of s, retiring its unpushed spends. The caller holds
 // s.mu for writing.
 func (b *Buckets) remove(s *bshard, bk *bucket) {
-	s.del(bk)
+	s.del(bk, tagOf(maphash.String(b.seed, bk.key())))
 	bk.mu.Lock()
 	bk.flags.Or(bflagDead)
-	unpushed := b.track && !bk.fresh.isIdentity()
+	unpushed := b.track && !bk.ext.fresh.isIdentity()
 	bk.mu.Unlock()
 	if unpushed {
 		b.retire(bk)
@@ -261,7 +292,10 @@ func (b *Buckets) remove(s *bshard, bk *bucket) {
 func (b *Buckets) idle(bk *bucket, now int64) bool {
 	bk.mu.Lock()
 	defer bk.mu.Unlock()
-	return bk.fresh.isIdentity() && bk.flight.isIdentity() && b.view(bk, now) <= float64(now)
+	if !b.track {
+		return bk.tat <= float64(now)
+	}
+	return bk.ext.fresh.isIdentity() && bk.ext.flight.isIdentity() && b.view(bk, now) <= float64(now)
 }
 
 // retire keeps an evicted bucket's unpushed spends for the next Collect.
@@ -280,7 +314,7 @@ func (b *Buckets) retire(bk *bucket) {
 		r.mu.Lock()
 		if r.flags.Load()&bflagInFlight == 0 {
 			if r.interval > 0 {
-				b.dropped.Add(int64(math.Round(math.Abs(r.fresh.add) / r.interval)))
+				b.dropped.Add(int64(math.Round(math.Abs(r.ext.fresh.add) / r.interval)))
 			}
 			delete(b.retired, r)
 		}
@@ -302,10 +336,10 @@ func (b *Buckets) view(bk *bucket, now int64) float64 {
 		return bk.tat
 	}
 	tat := math.Inf(-1)
-	if bk.synced.Held() {
-		tat = strategy.ConvertTAT(bk.synced.TAT, bk.synced.Interval, bk.interval, now)
+	if bk.ext.synced.Held() {
+		tat = strategy.ConvertTAT(bk.ext.synced.TAT, bk.ext.synced.Interval, bk.interval, now)
 	}
-	return bk.fresh.apply(bk.flight.apply(tat))
+	return bk.ext.fresh.apply(bk.ext.flight.apply(tat))
 }
 
 // setInterval moves bk's state to interval at now: a limit whose rate
@@ -316,8 +350,8 @@ func (b *Buckets) setInterval(bk *bucket, interval float64, now int64) {
 	}
 	if bk.interval > 0 {
 		if b.track {
-			bk.fresh = bk.fresh.rescale(bk.interval, interval, now)
-			bk.flight = bk.flight.rescale(bk.interval, interval, now)
+			bk.ext.fresh = bk.ext.fresh.rescale(bk.interval, interval, now)
+			bk.ext.flight = bk.ext.flight.rescale(bk.interval, interval, now)
 		} else {
 			bk.tat = strategy.ConvertTAT(bk.tat, bk.interval, interval, now)
 		}
@@ -330,7 +364,7 @@ func (b *Buckets) setInterval(bk *bucket, interval float64, now int64) {
 // holds bk.mu.
 func (b *Buckets) count(bk *bucket, d strategy.BucketDiff) {
 	if b.track {
-		bk.fresh = bk.fresh.then(comp{add: d.Add, floor: d.Floor})
+		bk.ext.fresh = bk.ext.fresh.then(comp{add: d.Add, floor: d.Floor})
 	} else {
 		bk.tat = math.Max(bk.tat+d.Add, d.Floor)
 	}
@@ -402,7 +436,9 @@ func (b *Buckets) Learn(key string, now int64, st strategy.BucketState, create b
 		return
 	}
 	bk.mu.Lock()
-	bk.synced = st
+	if bk.ext != nil { // nil without Track: no store state to learn
+		bk.ext.synced = st
+	}
 	bk.mu.Unlock()
 }
 
@@ -445,10 +481,10 @@ func (b *Buckets) Collect(now int64, reads bool, bb *BucketBatch) {
 			bk.flags.And(^bflagUsed)
 			switch {
 			case b.collectOne(bk, bb):
-			case !used && bk.flight.isIdentity() && b.view(bk, now) <= float64(now):
+			case !used && bk.ext.flight.isIdentity() && b.view(bk, now) <= float64(now):
 				idle = append(idle, bk)
 			case reads:
-				bb.Reads = append(bb.Reads, strategy.BucketID{Key: bk.key, Period: b.period})
+				bb.Reads = append(bb.Reads, strategy.BucketID{Key: bk.key(), Period: b.period})
 				bb.readRefs = append(bb.readRefs, bk)
 			}
 			bk.mu.Unlock()
@@ -472,13 +508,13 @@ func (b *Buckets) Collect(now int64, reads bool, bb *BucketBatch) {
 // push holds its spends already, and reports whether it did. The caller holds
 // bk.mu.
 func (b *Buckets) collectOne(bk *bucket, bb *BucketBatch) bool {
-	if bk.fresh.isIdentity() || bk.flags.Load()&bflagInFlight != 0 {
+	if bk.ext.fresh.isIdentity() || bk.flags.Load()&bflagInFlight != 0 {
 		return false
 	}
-	bk.flight, bk.fresh = bk.fresh, identity
+	bk.ext.flight, bk.ext.fresh = bk.ext.fresh, identity
 	bk.flags.Or(bflagInFlight)
-	bb.Diffs = append(bb.Diffs, strategy.BucketDiff{BucketID: strategy.BucketID{Key: bk.key, Period: b.period},
-		Add: bk.flight.add, Floor: bk.flight.floor, Interval: bk.interval})
+	bb.Diffs = append(bb.Diffs, strategy.BucketDiff{BucketID: strategy.BucketID{Key: bk.key(), Period: b.period},
+		Add: bk.ext.flight.add, Floor: bk.ext.flight.floor, Interval: bk.interval})
 	bb.diffRefs = append(bb.diffRefs, bk)
 	return true
 }
@@ -488,10 +524,10 @@ func (b *Buckets) collectOne(bk *bucket, bb *BucketBatch) bool {
 func (b *Buckets) Ack(bb *BucketBatch, diffs, reads []strategy.BucketState) {
 	for i, bk := range bb.diffRefs {
 		bk.mu.Lock()
-		bk.flight = identity
+		bk.ext.flight = identity
 		bk.flags.And(^bflagInFlight)
-		bk.synced = diffs[i]
-		dead := bk.flags.Load()&bflagDead != 0 && bk.fresh.isIdentity()
+		bk.ext.synced = diffs[i]
+		dead := bk.flags.Load()&bflagDead != 0 && bk.ext.fresh.isIdentity()
 		bk.mu.Unlock()
 		if dead {
 			b.retMu.Lock()
@@ -502,7 +538,7 @@ func (b *Buckets) Ack(bb *BucketBatch, diffs, reads []strategy.BucketState) {
 	for i, bk := range bb.readRefs {
 		bk.mu.Lock()
 		if bk.flags.Load()&bflagInFlight == 0 {
-			bk.synced = reads[i]
+			bk.ext.synced = reads[i]
 		}
 		bk.mu.Unlock()
 	}
@@ -513,8 +549,8 @@ func (b *Buckets) Ack(bb *BucketBatch, diffs, reads []strategy.BucketState) {
 func (b *Buckets) Release(bb *BucketBatch) {
 	for _, bk := range bb.diffRefs {
 		bk.mu.Lock()
-		bk.fresh = bk.flight.then(bk.fresh)
-		bk.flight = identity
+		bk.ext.fresh = bk.ext.flight.then(bk.ext.fresh)
+		bk.ext.flight = identity
 		bk.flags.And(^bflagInFlight)
 		bk.mu.Unlock()
 	}
@@ -526,7 +562,10 @@ func (b *Buckets) Release(bb *BucketBatch) {
 func (b *Buckets) Pending() (tokens int64) {
 	add := func(bk *bucket) {
 		bk.mu.Lock()
-		for _, c := range [2]comp{bk.fresh, bk.flight} {
+		if bk.ext == nil {
+			return // without Track: nothing to push
+		}
+		for _, c := range [2]comp{bk.ext.fresh, bk.ext.flight} {
 			if !c.isIdentity() && bk.interval > 0 {
 				// At least one: a spend taken back still has a floor to push.
 				tokens += max(1, int64(math.Round(math.Abs(c.add)/bk.interval)))
