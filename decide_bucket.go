@@ -5,16 +5,16 @@ import "context"
 // decideBucket is decide's path for the most common token-bucket call: one
 // limit, decided on this node (local or periodic mode, without cold reads).
 // It gives the answers of the general path (decideAny) without its per-limit
-// bookkeeping, and returns what decideAny returns. count says the request's
-// cost is to be spent.
-func (ns *Namespace) decideBucket(ctx context.Context, key string, cost int64, limits []Limit, count bool) (Decision, string, int, error) {
+// bookkeeping: it makes the decision in d and returns what decideAny
+// returns. count says the request's cost is to be spent.
+func (ns *Namespace) decideBucket(ctx context.Context, d *Decision, key string, cost int64, limits []Limit, count bool) (string, int, error) {
 	if err := checkCall(ctx, key, cost, 1); err != nil {
-		return Decision{}, "", 0, err
+		return "", 0, err
 	}
 	l := &limits[0]
 	i, err := ns.checkLimit(cost, l)
 	if err != nil {
-		return Decision{}, "", 0, err
+		return "", 0, err
 	}
 	key = ns.storedKey(key)
 	var st [1]lstate
@@ -26,7 +26,7 @@ func (ns *Namespace) decideBucket(ctx context.Context, key string, cost int64, l
 	if count && !s.fits && l.Penalty {
 		s.chargeBucket(key, now, cost)
 	}
-	d, _ := decision(st[:], limits, now, cost, s.fits, count)
+	decision(d, st[:], limits, now, cost, s.fits, count)
 	d.Degraded = ns.storeDown.Load()
-	return d, key, i, nil
+	return key, i, nil
 }

@@ -44,8 +44,9 @@ func TestDecideBucketMatchesGeneralPath(t *testing.T) {
 			_ = general.Refund(ctx, key, max(cost, 0), l)
 			continue
 		}
-		gotD, gotKey, gotIdx, gotErr := fast.decideBucket(ctx, key, cost, limits, count && cost > 0)
-		wantD, wantKey, wantIdx, wantErr := general.decideAny(ctx, key, cost, limits, count && cost > 0)
+		var gotD, wantD Decision
+		gotKey, gotIdx, gotErr := fast.decideBucket(ctx, &gotD, key, cost, limits, count && cost > 0)
+		wantKey, wantIdx, wantErr := general.decideAny(ctx, &wantD, key, cost, limits, count && cost > 0)
 		if wantErr != nil {
 			require.EqualError(t, gotErr, wantErr.Error(), "call %d", n)
 			continue

@@ -244,9 +244,9 @@ func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits 
 	var idx int // the binding limit's window index
 	var err error
 	if len(limits) == 1 && limits[0].Algorithm == TokenBucket && ns.mode != modeSync && ns.cold == nil {
-		d, key, idx, err = ns.decideBucket(ctx, key, cost, limits, count && cost > 0)
+		key, idx, err = ns.decideBucket(ctx, &d, key, cost, limits, count && cost > 0)
 	} else {
-		d, key, idx, err = ns.decideAny(ctx, key, cost, limits, count && cost > 0)
+		key, idx, err = ns.decideAny(ctx, &d, key, cost, limits, count && cost > 0)
 	}
 	if err != nil {
 		return Decision{}, err
@@ -260,24 +260,33 @@ func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits 
 	return d, nil
 }
 
-// decideAny is decide's general path: any limits, any mode. It returns the
-// decision, the key as stored and the binding limit's window index.
-func (ns *Namespace) decideAny(ctx context.Context, key string, cost int64, limits []Limit, count bool) (Decision, string, int, error) {
-	var buf [maxInlineLimits]lstate
-	key, st, err := ns.resolve(ctx, key, cost, limits, buf[:0])
-	if err != nil {
-		return Decision{}, "", 0, err
+// decideAny is decide's general path: any limits, any mode. It makes the
+// decision in d and returns the key as stored and the binding limit's window
+// index. (The Decision is written in place, not returned: it is 96 bytes,
+// which each return level would copy.)
+func (ns *Namespace) decideAny(ctx context.Context, d *Decision, key string, cost int64, limits []Limit, count bool) (string, int, error) {
+	var st []lstate
+	var err error
+	if len(limits) <= 2 { // the common case: less state to zero
+		var buf [2]lstate
+		key, st, err = ns.resolve(ctx, key, cost, limits, buf[:0])
+	} else {
+		var buf [maxInlineLimits]lstate
+		key, st, err = ns.resolve(ctx, key, cost, limits, buf[:0])
 	}
-	d, bind := ns.decideIn(ctx, key, cost, limits, st, count)
-	return d, key, st[bind].idx, nil
+	if err != nil {
+		return "", 0, err
+	}
+	bind := ns.decideIn(ctx, d, key, cost, limits, st, count)
+	return key, st[bind].idx, nil
 }
 
-// decideIn makes the decision for resolved arguments and returns it with the
+// decideIn makes the decision for resolved arguments in d and returns the
 // index of the binding limit.
-func (ns *Namespace) decideIn(ctx context.Context, key string, cost int64, limits []Limit, st []lstate, count bool) (Decision, int) {
+func (ns *Namespace) decideIn(ctx context.Context, d *Decision, key string, cost int64, limits []Limit, st []lstate, count bool) int {
 	now := ns.now()
 	if ns.mode == modeSync {
-		return ns.decideSync(ctx, key, cost, limits, st, now, count)
+		return ns.decideSync(ctx, d, key, cost, limits, st, now, count)
 	}
 	cold, degraded, applied := false, false, false
 	if ns.cold != nil { // a cold key is read from the store first (coldread.go)
@@ -302,9 +311,9 @@ func (ns *Namespace) decideIn(ctx context.Context, key string, cost int64, limit
 	if cold {
 		unrefLimits(key, st)
 	}
-	d, bind := decision(st, limits, now, cost, ok, count)
+	bind := decision(d, st, limits, now, cost, ok, count)
 	d.Degraded = degraded || ns.storeDown.Load() // the cluster's counts are stale while the store fails
-	return d, bind
+	return bind
 }
 
 // tryOthers judges the request on the token buckets and sliding logs of st,
@@ -368,7 +377,7 @@ func logAfter(ls strategy.LogState, now, size, cost int64) strategy.LogState {
 }
 
 // decideSync is decideIn in synchronous mode.
-func (ns *Namespace) decideSync(ctx context.Context, key string, cost int64, limits []Limit, st []lstate, now int64, count bool) (Decision, int) {
+func (ns *Namespace) decideSync(ctx context.Context, d *Decision, key string, cost int64, limits []Limit, st []lstate, now int64, count bool) int {
 	// The circuit breaker: this node's view is the store's state as last
 	// learned plus what was counted here since, a lower bound of the
 	// cluster's. If it rejects, the store would too.
@@ -377,7 +386,7 @@ func (ns *Namespace) decideSync(ctx context.Context, key string, cost int64, lim
 		if count {
 			ns.countPenalties(key, st, now, cost)
 		}
-		return decision(st, limits, now, cost, false, count)
+		return decision(d, st, limits, now, cost, false, count)
 	}
 	start := time.Now() // wall time: SyncTimeout bounds the whole call
 	value := int64(0)   // a peek reads the counters
@@ -422,9 +431,9 @@ func (ns *Namespace) decideSync(ctx context.Context, key string, cost int64, lim
 			degraded = degraded || uerr != nil
 		}
 	}
-	d, bind := decision(st, limits, now, cost, ok, count)
+	bind := decision(d, st, limits, now, cost, ok, count)
 	d.Degraded = degraded
-	return d, bind
+	return bind
 }
 
 // kinds reports whether st has window limits, and limits of other kinds.
@@ -656,11 +665,11 @@ func admits(st []lstate, limits []Limit, now, cost int64, counted bool) bool {
 	return true
 }
 
-// decision builds the Decision from the limits' state after the call.
+// decision builds in d the Decision from the limits' state after the call.
 // counted says the state includes the cost when the request was admitted.
-// It also returns the index of the binding limit.
-func decision(st []lstate, limits []Limit, now, cost int64, ok, counted bool) (Decision, int) {
-	d := Decision{Allowed: ok, Remaining: math.MaxInt64}
+// It returns the index of the binding limit.
+func decision(d *Decision, st []lstate, limits []Limit, now, cost int64, ok, counted bool) int {
+	*d = Decision{Allowed: ok, Remaining: math.MaxInt64}
 	bind := -1
 	var bindRetry int64
 	for j := range limits {
@@ -701,7 +710,7 @@ func decision(st []lstate, limits []Limit, now, cost int64, ok, counted bool) (D
 	}
 	d.Reset = time.Duration(reset) * time.Millisecond
 	d.RetryAfter = time.Duration(bindRetry) * time.Millisecond
-	return d, bind
+	return bind
 }
 
 // limitRemaining returns limits[j]'s Remaining after the call: with the
