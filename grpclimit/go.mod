@@ -3,7 +3,6 @@ module github.com/ratesync/ratelimit/grpclimit
 go 1.26.8
 
 require (
-	github.com/dunglas/httpsfv v1.1.2
 	github.com/ratesync/ratelimit v0.0.0-00010101000000-000000000000
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
@@ -13,6 +12,7 @@ require (
 )
 
 require (
+	github.com/dunglas/httpsfv v1.1.2 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect

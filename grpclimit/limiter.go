@@ -9,9 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
-	"github.com/dunglas/httpsfv"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -20,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ratesync/ratelimit"
+	"github.com/ratesync/ratelimit/internal/ratefields"
 )
 
 // Response header metadata keys: the IETF RateLimit fields
@@ -55,9 +54,7 @@ type rule struct {
 	keyFunc    KeyFunc
 	cost       int64
 	failClosed bool
-	policy     string   // the ratelimit-policy value
-	names      []string // per limit: its name as a structured-field string
-	fieldLen   int      // the longest ratelimit value the rule sends
+	fields     ratefields.Fields // the ratelimit-policy and ratelimit values
 }
 
 // New compiles opts, or returns an error naming the field that is invalid.
@@ -145,43 +142,14 @@ func (l *Limiter) compile(ns *ratelimit.Namespace, field string, r Rule) (*rule,
 	if r.Cost < 0 {
 		return nil, fmt.Errorf("grpclimit: %s: Cost %d is negative", field, r.Cost)
 	}
-	c := &rule{limits: append([]ratelimit.Limit(nil), r.Limits...), keyFunc: r.KeyFunc, cost: r.Cost, failClosed: r.FailClosed}
-	if len(c.limits) == 0 {
-		return c, nil
+	c := &rule{keyFunc: r.KeyFunc, cost: r.Cost, failClosed: r.FailClosed}
+	var err error
+	// Max per Window, even for a token bucket, where httplimit advertises
+	// its Burst per refill time (ratefields.Quota).
+	if c.limits, c.fields, err = ratefields.Compile("grpclimit: "+field, ns, r.Cost, r.Limits, ratefields.MaxPerWindow); err != nil {
+		return nil, err
 	}
-	if err := ns.CheckLimits(r.Cost, c.limits...); err != nil {
-		return nil, fmt.Errorf("grpclimit: %s: Limits: %w", field, err)
-	}
-	policy := make(httpsfv.List, 0, len(c.limits))
-	for _, lim := range c.limits {
-		name := lim.PolicyName()
-		item := httpsfv.NewItem(name)
-		s, err := httpsfv.Marshal(item)
-		if err != nil {
-			return nil, fmt.Errorf("grpclimit: %s: policy name %q: %w", field, name, err)
-		}
-		c.names = append(c.names, s)
-		c.fieldLen = max(c.fieldLen, len(s)+len(";r=;t=")+2*len("999999999999999"))
-		item.Params.Add("q", min(lim.Max, maxSFInteger))
-		item.Params.Add("w", max(ceilSeconds(lim.Window), 1))
-		policy = append(policy, item)
-	}
-	s, err := httpsfv.Marshal(policy)
-	if err != nil {
-		return nil, fmt.Errorf("grpclimit: %s: ratelimit-policy: %w", field, err)
-	}
-	c.policy = s
 	return c, nil
-}
-
-// maxSFInteger is the largest structured-field integer (RFC 9651: 15 digits).
-const maxSFInteger = 999_999_999_999_999
-
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
 }
 
 func (ru *rule) name() string {
@@ -229,7 +197,8 @@ func (l *Limiter) noKey() error {
 // decide decides one call under ru, counted under the counter key k. It
 // returns the response header metadata to send (nil for none), the
 // decision, and the status error that refuses the call (nil to serve it).
-// A spare of ru.fieldLen free bytes holds the ratelimit value (see field).
+// A spare of ru.fields.MaxLen free bytes holds the ratelimit value (see
+// ratefields.Fields.Value).
 func (l *Limiter) decide(ctx context.Context, ru *rule, k string, spare []byte) (metadata.MD, ratelimit.Decision, error) {
 	d, err := l.ns.Allow(ctx, k, ru.cost, ru.limits...)
 	if err != nil {
@@ -266,37 +235,17 @@ func (l *Limiter) decide(ctx context.Context, ru *rule, k string, spare []byte) 
 		}
 	}
 	if md != nil {
-		md[MDPolicy] = []string{ru.policy}
-		md[MDRateLimit] = []string{ru.field(i, d, spare)}
+		v, _, _ := ru.fields.Value(i, d, spare)
+		md[MDPolicy] = []string{ru.fields.Policy}
+		md[MDRateLimit] = []string{v}
 	}
 	if d.Allowed {
 		return md, d, nil
 	}
 	if md != nil {
-		md[MDRetryAfter] = []string{strconv.FormatInt(max(ceilSeconds(d.RetryAfter), 1), 10)}
+		md[MDRetryAfter] = []string{strconv.FormatInt(max(ratefields.CeilSeconds(d.RetryAfter), 1), 10)}
 	}
 	return md, d, rejection(ru, d)
-}
-
-// field returns the ratelimit value of decision d, whose binding limit is
-// ru's i-th. It is built in spare when spare has ru.fieldLen bytes of
-// capacity, else in a new string: spare is the unused tail of a buffer the
-// caller allocated anyway, whose bytes nothing else will write.
-func (ru *rule) field(i int, d ratelimit.Decision, spare []byte) string {
-	if cap(spare) >= ru.fieldLen {
-		b := appendField(spare[:0], ru, i, d)
-		return unsafe.String(unsafe.SliceData(b), len(b)) // bytes written once, never again
-	}
-	var buf [96]byte
-	return string(appendField(buf[:0], ru, i, d))
-}
-
-func appendField(b []byte, ru *rule, i int, d ratelimit.Decision) []byte {
-	b = append(b, ru.names[i]...)
-	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, min(d.Remaining, maxSFInteger), 10)
-	b = append(b, ";t="...)
-	return strconv.AppendInt(b, min(ceilSeconds(d.Reset), maxSFInteger), 10)
 }
 
 // rejection is the status of a rejected call: ResourceExhausted with the true

@@ -2,7 +2,6 @@ package grpclimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/ratesync/ratelimit"
 	"github.com/ratesync/ratelimit/httplimit"
+	"github.com/ratesync/ratelimit/internal/ratefields"
 	"github.com/ratesync/ratelimit/policy"
 )
 
@@ -133,11 +133,8 @@ var misfit = &rule{}
 // cooldown's remaining time as RetryInfo, a temporary deny the deny status's
 // code (with RetryInfo when it is 429).
 func NewWithPolicy(opts PolicyOptions) (*PolicyLimiter, error) {
-	switch {
-	case opts.Policy == nil:
-		return nil, errors.New("grpclimit: PolicyOptions.Policy is required")
-	case len(opts.Limits) > 0 || len(opts.Rules) > 0 || opts.Cost != 0:
-		return nil, errors.New("grpclimit: PolicyOptions: Limits, Rules and Cost come from the policy and must be empty")
+	if err := ratefields.CheckPolicyOptions("grpclimit", opts.Policy, opts.Limits, len(opts.Rules), opts.Cost); err != nil {
+		return nil, err
 	}
 	l, err := New(opts.Options)
 	if err != nil {
@@ -234,7 +231,7 @@ func (p *PolicyLimiter) check(ctx context.Context, full string) (metadata.MD, er
 	}
 	// The counter key (the entry's prefix and the key) and the ratelimit
 	// value share one allocation, so the policy adds none to the call.
-	kb := make([]byte, 0, len(ru.prefix)+len(key)+ru.fieldLen)
+	kb := make([]byte, 0, len(ru.prefix)+len(key)+ru.fields.MaxLen)
 	kb = append(append(kb, ru.prefix...), key...)
 	md, d, err := l.decide(ctx, ru, unsafe.String(unsafe.SliceData(kb), len(kb)), kb[len(kb):])
 	if err != nil && status.Code(err) == codes.ResourceExhausted {
@@ -370,7 +367,7 @@ func (p *PolicyLimiter) refuse(ru *rule, httpStatus int, quotaID, msg string, wa
 	if wait > 0 {
 		msg = fmt.Sprintf("%s; retry in %v", msg, wait)
 		if !p.l.hide {
-			md = metadata.MD{MDRetryAfter: []string{strconv.FormatInt(max(ceilSeconds(wait), 1), 10)}}
+			md = metadata.MD{MDRetryAfter: []string{strconv.FormatInt(max(ratefields.CeilSeconds(wait), 1), 10)}}
 		}
 	}
 	code := codes.PermissionDenied

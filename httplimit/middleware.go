@@ -12,11 +12,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unsafe"
-
-	"github.com/dunglas/httpsfv"
 
 	"github.com/ratesync/ratelimit"
+	"github.com/ratesync/ratelimit/internal/ratefields"
 )
 
 // Options configure the middleware. The zero value of every field but
@@ -109,10 +107,8 @@ type rule struct {
 	cost       int64
 	failClosed bool
 	queue      time.Duration
-	policy     string   // the RateLimit-Policy value
-	names      []string // per limit: its name as a structured-field string
-	maxes      []string // per limit: Max, for X-RateLimit-Limit
-	fieldLen   int      // the longest RateLimit field value the rule writes
+	fields     ratefields.Fields // the RateLimit-Policy and RateLimit values
+	maxes      []string          // per limit: its quota, for X-RateLimit-Limit
 }
 
 // core is the compiled configuration, shared by every handler New's
@@ -231,61 +227,22 @@ func (m *core) compile(field string, r Rule) (*rule, error) {
 	if r.Queue < 0 {
 		return nil, fmt.Errorf("httplimit: %s: Queue %v is negative", field, r.Queue)
 	}
-	c := &rule{limits: append([]ratelimit.Limit(nil), r.Limits...), keyFunc: r.KeyFunc, cost: r.Cost, failClosed: r.FailClosed, queue: r.Queue}
-	if len(c.limits) == 0 {
-		return c, nil
+	c := &rule{keyFunc: r.KeyFunc, cost: r.Cost, failClosed: r.FailClosed, queue: r.Queue}
+	var err error
+	if c.limits, c.fields, err = ratefields.Compile("httplimit: "+field, m.ns, r.Cost, r.Limits, ratefields.Quota); err != nil {
+		return nil, err
 	}
-	if err := m.ns.CheckLimits(r.Cost, c.limits...); err != nil {
-		return nil, fmt.Errorf("httplimit: %s: Limits: %w", field, err)
-	}
-	policy := make(httpsfv.List, 0, len(c.limits))
 	for _, l := range c.limits {
-		name := l.PolicyName()
-		item := httpsfv.NewItem(name)
-		s, err := httpsfv.Marshal(item)
-		if err != nil {
-			return nil, fmt.Errorf("httplimit: %s: policy name %q: %w", field, name, err)
-		}
-		c.names = append(c.names, s)
-		c.fieldLen = max(c.fieldLen, len(s)+len(";r=;t=")+2*len("999999999999999"))
-		q, w := quota(l)
+		q, _ := ratefields.Quota(l)
 		c.maxes = append(c.maxes, strconv.FormatInt(q, 10))
-		item.Params.Add("q", min(q, maxSFInteger))
-		item.Params.Add("w", windowSeconds(w))
-		policy = append(policy, item)
 	}
-	s, err := httpsfv.Marshal(policy)
-	if err != nil {
-		return nil, fmt.Errorf("httplimit: %s: RateLimit-Policy: %w", field, err)
-	}
-	c.policy = s
 	return c, nil
 }
-
-// quota returns a limit's quota and window as the IETF fields express them:
-// Max per Window; for a token bucket, its Burst per the time the Burst takes
-// to refill (Burst × Window / Max), so that q per w is both the most a client
-// may send at once and the steady rate.
-func quota(l ratelimit.Limit) (int64, time.Duration) {
-	if l.Algorithm != ratelimit.TokenBucket {
-		return l.Max, l.Window
-	}
-	b := l.Burst
-	if b == 0 {
-		b = l.Max
-	}
-	return b, time.Duration(float64(l.Window) * float64(b) / float64(l.Max))
-}
-
-// maxSFInteger is the largest structured-field integer (RFC 9651: 15 digits).
-const maxSFInteger = 999_999_999_999_999
-
-// windowSeconds is a window in whole seconds, rounded up, at least 1: the
 
 // answer writes a decision's headers (unless hidden) and, when it rejects,
 // the 429; it reports whether the request may go on. The headers describe the
 // binding limit, d.Limit, found among the rule's limits.
-// A spare of at least ru.fieldLen free bytes (see writeHeaders) saves an
+// A spare of at least ru.fields.MaxLen free bytes (see writeHeaders) saves an
 // allocation.
 func (m *core) answer(w http.ResponseWriter, h http.Header, ru *rule, d ratelimit.Decision, spare []byte) bool {
 	i := 0
@@ -303,18 +260,6 @@ func (m *core) answer(w http.ResponseWriter, h http.Header, ru *rule, d ratelimi
 		return false
 	}
 	return true
-}
-
-// w parameter has no finer unit.
-func windowSeconds(d time.Duration) int64 {
-	return max(ceilSeconds(d), 1)
-}
-
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
 }
 
 func (ru *rule) name() string {
@@ -409,27 +354,19 @@ func (m *core) decide(r *http.Request, key string, ru *rule) (ratelimit.Decision
 
 // writeHeaders writes the rate-limit fields of decision d, whose binding
 // limit is ru's i-th. The RateLimit value is built in spare when it has
-// ru.fieldLen bytes of capacity, else in a new string: spare is the unused
-// tail of a buffer the caller allocated anyway, whose bytes nothing else
-// will write.
+// ru.fields.MaxLen bytes of capacity, else in a new string: spare is the
+// unused tail of a buffer the caller allocated anyway, whose bytes nothing
+// else will write (see ratefields.Fields.Value).
 func (m *core) writeHeaders(h http.Header, ru *rule, i int, d ratelimit.Decision, spare []byte) {
-	var rl string
-	var r0, r1 int // r='s value is rl[r0:r1]
-	if cap(spare) >= ru.fieldLen {
-		b := appendField(spare[:0], ru, i, d, &r0, &r1)
-		rl = unsafe.String(unsafe.SliceData(b), len(b)) // bytes written once, never again
-	} else {
-		var buf [96]byte
-		rl = string(appendField(buf[:0], ru, i, d, &r0, &r1))
-	}
+	rl, r0, r1 := ru.fields.Value(i, d, spare) // r='s value is rl[r0:r1]
 	// One allocation backs every field's value slice.
 	if !m.legacy {
-		vals := &[2]string{ru.policy, rl}
+		vals := &[2]string{ru.fields.Policy, rl}
 		h["Ratelimit-Policy"], h["Ratelimit"] = vals[0:1:1], vals[1:2:2]
 		return
 	}
 	remaining := rl[r0:r1] // r=, unless it was clamped
-	if d.Remaining > maxSFInteger {
+	if d.Remaining > ratefields.MaxInteger {
 		remaining = strconv.FormatInt(d.Remaining, 10)
 	}
 	reset := m.clock().Add(d.Reset)
@@ -437,21 +374,9 @@ func (m *core) writeHeaders(h http.Header, ru *rule, i int, d ratelimit.Decision
 	if reset.Nanosecond() > 0 {
 		sec++
 	}
-	vals := &[5]string{ru.policy, rl, ru.maxes[i], remaining, strconv.FormatInt(sec, 10)}
+	vals := &[5]string{ru.fields.Policy, rl, ru.maxes[i], remaining, strconv.FormatInt(sec, 10)}
 	h["Ratelimit-Policy"], h["Ratelimit"] = vals[0:1:1], vals[1:2:2]
 	h["X-Ratelimit-Limit"], h["X-Ratelimit-Remaining"], h["X-Ratelimit-Reset"] = vals[2:3:3], vals[3:4:4], vals[4:5:5]
-}
-
-// appendField appends the RateLimit field's value to b, setting r0 and r1
-// around the r parameter's value.
-func appendField(b []byte, ru *rule, i int, d ratelimit.Decision, r0, r1 *int) []byte {
-	b = append(b, ru.names[i]...)
-	b = append(b, ";r="...)
-	*r0 = len(b)
-	b = strconv.AppendInt(b, min(d.Remaining, maxSFInteger), 10)
-	*r1 = len(b)
-	b = append(b, ";t="...)
-	return strconv.AppendInt(b, min(ceilSeconds(d.Reset), maxSFInteger), 10)
 }
 
 // reject answers 429 with Retry-After and a problem report naming the policy.
@@ -460,11 +385,11 @@ func (m *core) reject(w http.ResponseWriter, ru *rule, i int, d ratelimit.Decisi
 	if m.jitter > 0 {
 		wait += rand.N(m.jitter + 1)
 	}
-	secs := max(ceilSeconds(wait), 1) // 0 would invite an immediate retry storm
+	secs := max(ratefields.CeilSeconds(wait), 1) // 0 would invite an immediate retry storm
 	l := d.Limit
 	detail := fmt.Sprintf("Rate limit %q exceeded: at most %d per %v. Retry in %d s.", l.PolicyName(), l.Max, l.Window, secs)
 	if l.Algorithm == ratelimit.TokenBucket {
-		q, _ := quota(l)
+		q, _ := ratefields.Quota(l)
 		detail = fmt.Sprintf("Rate limit %q exceeded: a burst of %d, refilling %d per %v. Retry in %d s.", l.PolicyName(), q, l.Max, l.Window, secs)
 	}
 	m.problem(w, http.StatusTooManyRequests, detail, &l, secs)
@@ -492,8 +417,8 @@ type problem struct {
 func (m *core) problem(w http.ResponseWriter, status int, detail string, l *ratelimit.Limit, retry int64) {
 	p := problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail, RetryAfter: retry}
 	if l != nil {
-		q, w := quota(*l)
-		p.Policy, p.Limit, p.Window = l.PolicyName(), q, windowSeconds(w)
+		q, w := ratefields.Quota(*l)
+		p.Policy, p.Limit, p.Window = l.PolicyName(), q, ratefields.WindowSeconds(w)
 	}
 	body, _ := json.Marshal(p) // cannot fail: strings and integers
 	// One allocation backs every field's value slice.

@@ -1,7 +1,6 @@
 package httplimit
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -11,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/ratesync/ratelimit"
+	"github.com/ratesync/ratelimit/internal/ratefields"
 	"github.com/ratesync/ratelimit/policy"
 )
 
@@ -114,11 +114,8 @@ type PolicyStats struct {
 // would-be rejection is counted (Stats.ShadowRejected) and logged, never
 // sent.
 func NewWithPolicy(opts PolicyOptions) (*PolicyLimiter, error) {
-	switch {
-	case opts.Policy == nil:
-		return nil, errors.New("httplimit: PolicyOptions.Policy is required")
-	case len(opts.Limits) > 0 || len(opts.Rules) > 0 || opts.Cost != 0:
-		return nil, errors.New("httplimit: PolicyOptions: Limits, Rules and Cost come from the policy and must be empty")
+	if err := ratefields.CheckPolicyOptions("httplimit", opts.Policy, opts.Limits, len(opts.Rules), opts.Cost); err != nil {
+		return nil, err
 	}
 	f, err := New(opts.Options)
 	if err != nil {
@@ -288,7 +285,7 @@ func (h *policyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// field's value share one allocation, so the policy adds none to the
 	// request: keys are immutable strings over the first bytes, and the
 	// field is written once into the rest.
-	kb := make([]byte, 0, len(er.prefix)+len(key)+ru.fieldLen)
+	kb := make([]byte, 0, len(er.prefix)+len(key)+ru.fields.MaxLen)
 	kb = append(append(kb, er.prefix...), key...)
 	status, d := m.serveLimited(w, r, ru, er.name, unsafe.String(unsafe.SliceData(kb), len(kb)), kb[len(kb):])
 	switch status {
@@ -312,7 +309,7 @@ func (l *PolicyLimiter) penalized(w http.ResponseWriter, r *http.Request, snap *
 	switch {
 	case now.Before(pen.DenyUntil):
 		l.stats.tempDenied.Add(1)
-		m.problem(w, snap.DenyStatus(), "This client is denied for a while: it kept sending after being told to wait.", nil, max(ceilSeconds(pen.DenyUntil.Sub(now)), 1))
+		m.problem(w, snap.DenyStatus(), "This client is denied for a while: it kept sending after being told to wait.", nil, max(ratefields.CeilSeconds(pen.DenyUntil.Sub(now)), 1))
 		return true
 	case now.Before(pen.CooldownUntil):
 		l.stats.cooldowns.Add(1)
@@ -323,7 +320,7 @@ func (l *PolicyLimiter) penalized(w http.ResponseWriter, r *http.Request, snap *
 		if p, ok := l.strike(r, key, esc, base); ok && p.CooldownUntil.After(pen.CooldownUntil) {
 			pen = p
 		}
-		m.problem(w, http.StatusTooManyRequests, "This client is cooling down: it kept sending after being told to wait.", nil, max(ceilSeconds(pen.CooldownUntil.Sub(now)), 1))
+		m.problem(w, http.StatusTooManyRequests, "This client is cooling down: it kept sending after being told to wait.", nil, max(ratefields.CeilSeconds(pen.CooldownUntil.Sub(now)), 1))
 		return true
 	}
 	return false
