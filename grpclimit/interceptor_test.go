@@ -60,6 +60,21 @@ func TestUnaryHeadersAndRejection(t *testing.T) {
 	require.Equal(t, []string{`"per-minute";q=2;w=60`}, hdr.Get(grpclimit.MDPolicy))
 }
 
+// TestTokenBucketPolicyLikeHTTP: a token bucket is advertised as httplimit
+// advertises it: its Burst per the time the Burst takes to refill.
+func TestTokenBucketPolicyLikeHTTP(t *testing.T) {
+	clk := newClock(epoch)
+	ns, _ := newNS(t, "local", clk)
+	l := ratelimit.Limit{Algorithm: ratelimit.TokenBucket, Window: time.Minute, Max: 60, Burst: 10, Name: "api"}
+	lim := mustLimiter(t, grpclimit.Options{Namespace: ns, Limits: []ratelimit.Limit{l}})
+	c := serve(t, lim)
+	var hdr metadata.MD
+	_, err := c.Check(ctx10(t), checkReq, grpc.Header(&hdr))
+	require.NoError(t, err)
+	require.Equal(t, []string{`"api";q=10;w=10`}, hdr.Get(grpclimit.MDPolicy))
+	require.Equal(t, []string{`"api";r=9;t=1`}, hdr.Get(grpclimit.MDRateLimit))
+}
+
 func TestRetryInfoIsTruthful(t *testing.T) {
 	clk := newClock(epoch.Add(17 * time.Second))
 	ns, _ := newNS(t, "local", clk)

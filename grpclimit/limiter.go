@@ -144,9 +144,8 @@ func (l *Limiter) compile(ns *ratelimit.Namespace, field string, r Rule) (*rule,
 	}
 	c := &rule{keyFunc: r.KeyFunc, cost: r.Cost, failClosed: r.FailClosed}
 	var err error
-	// Max per Window, even for a token bucket, where httplimit advertises
-	// its Burst per refill time (ratefields.Quota).
-	if c.limits, c.fields, err = ratefields.Compile("grpclimit: "+field, ns, r.Cost, r.Limits, ratefields.MaxPerWindow); err != nil {
+	// As httplimit: a token bucket is its Burst per refill time.
+	if c.limits, c.fields, err = ratefields.Compile("grpclimit: "+field, ns, r.Cost, r.Limits); err != nil {
 		return nil, err
 	}
 	return c, nil

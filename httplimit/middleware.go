@@ -229,7 +229,7 @@ func (m *core) compile(field string, r Rule) (*rule, error) {
 	}
 	c := &rule{keyFunc: r.KeyFunc, cost: r.Cost, failClosed: r.FailClosed, queue: r.Queue}
 	var err error
-	if c.limits, c.fields, err = ratefields.Compile("httplimit: "+field, m.ns, r.Cost, r.Limits, ratefields.Quota); err != nil {
+	if c.limits, c.fields, err = ratefields.Compile("httplimit: "+field, m.ns, r.Cost, r.Limits); err != nil {
 		return nil, err
 	}
 	for _, l := range c.limits {

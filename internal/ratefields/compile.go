@@ -13,7 +13,7 @@ import (
 // with prefix, the package and the option at fault (for example
 // `httplimit: Options.Rules[0] ("POST /login")`), then name what is wrong:
 // "Limits: …" or "policy name …".
-func Compile(prefix string, ns *ratelimit.Namespace, cost int64, limits []ratelimit.Limit, quota QuotaFunc) ([]ratelimit.Limit, Fields, error) {
+func Compile(prefix string, ns *ratelimit.Namespace, cost int64, limits []ratelimit.Limit) ([]ratelimit.Limit, Fields, error) {
 	limits = append([]ratelimit.Limit(nil), limits...)
 	if len(limits) == 0 {
 		return limits, Fields{}, nil
@@ -21,7 +21,7 @@ func Compile(prefix string, ns *ratelimit.Namespace, cost int64, limits []rateli
 	if err := ns.CheckLimits(cost, limits...); err != nil {
 		return nil, Fields{}, fmt.Errorf("%s: Limits: %w", prefix, err)
 	}
-	f, err := Build(limits, quota)
+	f, err := Build(limits)
 	if err != nil {
 		return nil, Fields{}, fmt.Errorf("%s: %w", prefix, err)
 	}

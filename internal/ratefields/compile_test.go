@@ -25,7 +25,7 @@ func newNS(t *testing.T) *ratelimit.Namespace {
 func TestCompile(t *testing.T) {
 	ns := newNS(t)
 	in := append([]ratelimit.Limit(nil), twoLimits...)
-	limits, f, err := ratefields.Compile("pkg: Options", ns, 1, in, ratefields.Quota)
+	limits, f, err := ratefields.Compile("pkg: Options", ns, 1, in)
 	require.NoError(t, err)
 	require.Equal(t, twoLimits, limits)
 	require.Equal(t, `"per-second";q=2;w=1, "per-minute";q=3;w=60`, f.Policy)
@@ -35,7 +35,7 @@ func TestCompile(t *testing.T) {
 
 func TestCompileNoLimits(t *testing.T) {
 	// An exempt rule: nothing to check, so no namespace is needed.
-	limits, f, err := ratefields.Compile("pkg: Options", nil, 1, []ratelimit.Limit{}, ratefields.Quota)
+	limits, f, err := ratefields.Compile("pkg: Options", nil, 1, []ratelimit.Limit{})
 	require.NoError(t, err)
 	require.Nil(t, limits)
 	require.Equal(t, ratefields.Fields{}, f)
@@ -43,11 +43,11 @@ func TestCompileNoLimits(t *testing.T) {
 
 func TestCompileErrors(t *testing.T) {
 	ns := newNS(t)
-	_, _, err := ratefields.Compile(`pkg: Options.Rules[0] ("x")`, ns, 1, []ratelimit.Limit{{Window: time.Hour, Max: 1}}, ratefields.Quota)
+	_, _, err := ratefields.Compile(`pkg: Options.Rules[0] ("x")`, ns, 1, []ratelimit.Limit{{Window: time.Hour, Max: 1}})
 	require.Error(t, err)
 	require.True(t, strings.HasPrefix(err.Error(), `pkg: Options.Rules[0] ("x"): Limits: `), err.Error())
 
-	_, _, err = ratefields.Compile("pkg: Options", ns, -1, twoLimits, ratefields.Quota)
+	_, _, err = ratefields.Compile("pkg: Options", ns, -1, twoLimits)
 	require.ErrorIs(t, err, ratelimit.ErrInvalidCost)
 	require.True(t, strings.HasPrefix(err.Error(), "pkg: Options: Limits: "), err.Error())
 }

@@ -31,10 +31,10 @@ type Fields struct {
 const maxValueLen = len(";r=;t=") + 2*len("999999999999999")
 
 // Build returns the fields of limits, advertised with the quota and window
-// that quota gives (see Quota and MaxPerWindow): q is the quota, at most
+// Quota gives: q is the quota, at most
 // MaxInteger, and w the window in seconds (WindowSeconds). It fails only on
 // a limit whose name is not a valid structured-field string.
-func Build(limits []ratelimit.Limit, quota QuotaFunc) (Fields, error) {
+func Build(limits []ratelimit.Limit) (Fields, error) {
 	var f Fields
 	policy := make(httpsfv.List, 0, len(limits))
 	for _, l := range limits {
@@ -46,7 +46,7 @@ func Build(limits []ratelimit.Limit, quota QuotaFunc) (Fields, error) {
 		}
 		f.Names = append(f.Names, s)
 		f.MaxLen = max(f.MaxLen, len(s)+maxValueLen)
-		q, w := quota(l)
+		q, w := Quota(l)
 		item.Params.Add("q", min(q, MaxInteger))
 		item.Params.Add("w", WindowSeconds(w))
 		policy = append(policy, item)

@@ -15,7 +15,7 @@ import (
 var twoLimits = []ratelimit.Limit{{Window: time.Second, Max: 2}, {Window: time.Minute, Max: 3, Name: "per-minute"}}
 
 func TestBuild(t *testing.T) {
-	f, err := ratefields.Build(twoLimits, ratefields.Quota)
+	f, err := ratefields.Build(twoLimits)
 	require.NoError(t, err)
 	require.Equal(t, `"per-second";q=2;w=1, "per-minute";q=3;w=60`, f.Policy)
 	require.Equal(t, []string{`"per-second"`, `"per-minute"`}, f.Names)
@@ -23,35 +23,32 @@ func TestBuild(t *testing.T) {
 }
 
 func TestBuildNoLimits(t *testing.T) {
-	f, err := ratefields.Build(nil, ratefields.Quota)
+	f, err := ratefields.Build(nil)
 	require.NoError(t, err)
 	require.Equal(t, ratefields.Fields{}, f)
 }
 
-// TestBuildQuota: the quota function decides what a token bucket advertises;
-// q is bounded to a structured-field integer and w rounded up to a second.
+// TestBuildQuota: a token bucket advertises its Burst per refill time; q is
+// bounded to a structured-field integer and w rounded up to a second.
 func TestBuildQuota(t *testing.T) {
 	tb := []ratelimit.Limit{{Algorithm: ratelimit.TokenBucket, Window: time.Minute, Max: 100, Burst: 10, Name: "api"}}
-	f, err := ratefields.Build(tb, ratefields.Quota)
+	f, err := ratefields.Build(tb)
 	require.NoError(t, err)
 	require.Equal(t, `"api";q=10;w=6`, f.Policy)
-	f, err = ratefields.Build(tb, ratefields.MaxPerWindow)
-	require.NoError(t, err)
-	require.Equal(t, `"api";q=100;w=60`, f.Policy)
 
 	huge := []ratelimit.Limit{{Window: 1500 * time.Millisecond, Max: ratelimit.MaxValue, Name: "huge"}}
-	f, err = ratefields.Build(huge, ratefields.Quota)
+	f, err = ratefields.Build(huge)
 	require.NoError(t, err)
 	require.Equal(t, `"huge";q=999999999999999;w=2`, f.Policy)
 }
 
 func TestBuildBadName(t *testing.T) {
-	_, err := ratefields.Build([]ratelimit.Limit{{Window: time.Second, Max: 1, Name: "caf\u00e9"}}, ratefields.Quota)
+	_, err := ratefields.Build([]ratelimit.Limit{{Window: time.Second, Max: 1, Name: "caf\u00e9"}})
 	require.ErrorContains(t, err, `policy name "café": `)
 }
 
 func TestAppend(t *testing.T) {
-	f, err := ratefields.Build(twoLimits, ratefields.Quota)
+	f, err := ratefields.Build(twoLimits)
 	require.NoError(t, err)
 	b, r0, r1 := f.Append([]byte("x"), 1, ratelimit.Decision{Remaining: 42, Reset: 1500 * time.Millisecond})
 	require.Equal(t, `x"per-minute";r=42;t=2`, string(b))
@@ -69,7 +66,7 @@ func TestAppend(t *testing.T) {
 }
 
 func TestValue(t *testing.T) {
-	f, err := ratefields.Build(twoLimits, ratefields.Quota)
+	f, err := ratefields.Build(twoLimits)
 	require.NoError(t, err)
 	d := ratelimit.Decision{Remaining: 1, Reset: 2 * time.Second}
 	const want = `"per-second";r=1;t=2`
@@ -90,7 +87,7 @@ func TestValue(t *testing.T) {
 	require.NotSame(t, unsafe.SliceData(small[:1]), unsafe.StringData(v))
 
 	long := strings.Repeat("n", 200) // longer than Value's own buffer
-	f, err = ratefields.Build([]ratelimit.Limit{{Window: time.Second, Max: 1, Name: long}}, ratefields.Quota)
+	f, err = ratefields.Build([]ratelimit.Limit{{Window: time.Second, Max: 1, Name: long}})
 	require.NoError(t, err)
 	v, _, _ = f.Value(0, d, nil)
 	require.Equal(t, `"`+long+`";r=1;t=2`, v)

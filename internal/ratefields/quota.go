@@ -10,15 +10,11 @@ import (
 // Larger quotas and counts are sent as MaxInteger.
 const MaxInteger = 999_999_999_999_999
 
-// QuotaFunc gives the quota and window a limit is advertised with, the q and
-// w parameters of its RateLimit-Policy item before they are bounded and
-// rounded.
-type QuotaFunc func(ratelimit.Limit) (int64, time.Duration)
-
 // Quota returns a limit's quota and window as the IETF fields express them:
 // Max per Window; for a token bucket, its Burst per the time the Burst takes
 // to refill (Burst × Window / Max), so that q per w is both the most a client
-// may send at once and the steady rate. httplimit advertises limits so.
+// may send at once and the steady rate. httplimit and grpclimit advertise
+// limits so.
 func Quota(l ratelimit.Limit) (int64, time.Duration) {
 	if l.Algorithm != ratelimit.TokenBucket {
 		return l.Max, l.Window
@@ -28,12 +24,6 @@ func Quota(l ratelimit.Limit) (int64, time.Duration) {
 		b = l.Max
 	}
 	return b, time.Duration(float64(l.Window) * float64(b) / float64(l.Max))
-}
-
-// MaxPerWindow returns a limit's Max and Window, whatever its algorithm.
-// grpclimit advertises limits so; it equals Quota but for token buckets.
-func MaxPerWindow(l ratelimit.Limit) (int64, time.Duration) {
-	return l.Max, l.Window
 }
 
 // CeilSeconds is d in whole seconds, rounded up; 0 when d is not positive.

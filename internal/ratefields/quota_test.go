@@ -30,13 +30,6 @@ func TestQuota(t *testing.T) {
 	}
 }
 
-func TestMaxPerWindow(t *testing.T) {
-	l := ratelimit.Limit{Algorithm: ratelimit.TokenBucket, Window: time.Minute, Max: 100, Burst: 10}
-	q, w := ratefields.MaxPerWindow(l)
-	require.Equal(t, int64(100), q)
-	require.Equal(t, time.Minute, w)
-}
-
 func TestSeconds(t *testing.T) {
 	for _, tc := range []struct {
 		d             time.Duration
