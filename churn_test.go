@@ -91,14 +91,8 @@ func TestPassDiffsFollowOwnPushes(t *testing.T) {
 // are all the keys it holds), never marks: the store weighs the pass against
 // the window. Another node holding the keys still learns every change.
 func TestHighChurnMarks(t *testing.T) {
-	addr := os.Getenv("RATELIMIT_TEST_REDIS_ADDR")
-	if addr == "" {
-		strategytest.SkipOrFail(t, "RATELIMIT_TEST_REDIS_ADDR")
-	}
 	ctx := context.Background()
-	client := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: 3, DialTimeout: time.Second, ReadTimeout: 5 * time.Second,
-		WriteTimeout: 5 * time.Second, PoolTimeout: 5 * time.Second, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = client.Close() })
+	client := testRedisClient(t)
 	prefix := fmt.Sprintf("churn%d:", time.Now().UnixNano())
 	// 8 shards: a window of 4,000 counters holds 500 per hash, and a push of
 	// 1,024 diffs changes about 128 of them: not half, but more than the
@@ -153,4 +147,19 @@ func TestHighChurnMarks(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, want, rate, i)
 	}
+}
+
+// testRedisClient returns a client of the Redis server the tests use
+// (RATELIMIT_TEST_REDIS_ADDR), closed at cleanup; without one, the test is
+// skipped (a failure in CI).
+func testRedisClient(t *testing.T) *goredis.Client {
+	t.Helper()
+	addr := os.Getenv("RATELIMIT_TEST_REDIS_ADDR")
+	if addr == "" {
+		strategytest.SkipOrFail(t, "RATELIMIT_TEST_REDIS_ADDR")
+	}
+	client := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: 3, DialTimeout: time.Second, ReadTimeout: 5 * time.Second,
+		WriteTimeout: 5 * time.Second, PoolTimeout: 5 * time.Second, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	return client
 }

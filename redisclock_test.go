@@ -3,17 +3,14 @@ package ratelimit_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/ratesync/ratelimit"
 	rlredis "github.com/ratesync/ratelimit/strategy/redis"
-	"github.com/ratesync/ratelimit/strategy/strategytest"
 )
 
 // TestRedisClockEveryAlgorithm takes window time from Redis TIME
@@ -23,14 +20,8 @@ import (
 // admitted then.
 func TestRedisClockEveryAlgorithm(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) })
-	addr := os.Getenv("RATELIMIT_TEST_REDIS_ADDR")
-	if addr == "" {
-		strategytest.SkipOrFail(t, "RATELIMIT_TEST_REDIS_ADDR")
-	}
 	ctx := context.Background()
-	client := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: 3, DialTimeout: time.Second, ReadTimeout: time.Second,
-		WriteTimeout: time.Second, PoolTimeout: time.Second, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = client.Close() })
+	client := testRedisClient(t)
 	store, err := rlredis.New(client, rlredis.Options{KeyPrefix: fmt.Sprintf("clk%d", time.Now().UnixNano())})
 	require.NoError(t, err)
 	clock, err := store.Clock(ctx)
