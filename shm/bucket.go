@@ -13,7 +13,8 @@ import (
 )
 
 // Buckets is a table of token buckets of one period, one per key: the
-// node-side state of token-bucket limits. Each bucket keeps
+// node-side state of token-bucket limits. Without Track (local mode) a
+// bucket is its TAT. With Track each bucket keeps
 //
 //   - synced: the store's state as last learned (strategy.BucketState);
 //   - fresh: the spends (and refunds) counted here since the last push, as one
