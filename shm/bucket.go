@@ -364,10 +364,11 @@ func (b *Buckets) setInterval(bk *bucket, interval float64, now int64) {
 // Track, else to its TAT (what the composite would make of it). The caller
 // holds bk.mu.
 func (b *Buckets) count(bk *bucket, d strategy.BucketDiff) {
+	c := comp{add: d.Add, floor: d.Floor}
 	if b.track {
-		bk.ext.fresh = bk.ext.fresh.then(comp{add: d.Add, floor: d.Floor})
+		bk.ext.fresh = bk.ext.fresh.then(c)
 	} else {
-		bk.tat = math.Max(bk.tat+d.Add, d.Floor)
+		bk.tat = c.apply(bk.tat)
 	}
 }
 
@@ -436,10 +437,11 @@ func (b *Buckets) Learn(key string, now int64, st strategy.BucketState, create b
 	} else if bk = b.lookup(key); bk == nil {
 		return
 	}
-	bk.mu.Lock()
-	if bk.ext != nil { // nil without Track: no store state to learn
-		bk.ext.synced = st
+	if !b.track {
+		return // no store state to learn: a bucket is its TAT
 	}
+	bk.mu.Lock()
+	bk.ext.synced = st
 	bk.mu.Unlock()
 }
 
@@ -561,11 +563,11 @@ func (b *Buckets) Release(bb *BucketBatch) {
 // confirmed, rounded: in unpushed and in-flight spends of held and retired
 // buckets. For monitoring.
 func (b *Buckets) Pending() (tokens int64) {
+	if !b.track {
+		return 0 // nothing to push
+	}
 	add := func(bk *bucket) {
 		bk.mu.Lock()
-		if bk.ext == nil {
-			return // without Track: nothing to push
-		}
 		for _, c := range [2]comp{bk.ext.fresh, bk.ext.flight} {
 			if !c.isIdentity() && bk.interval > 0 {
 				// At least one: a spend taken back still has a floor to push.

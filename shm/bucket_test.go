@@ -97,3 +97,22 @@ func TestBucketKeys(t *testing.T) {
 	require.False(t, b.Holds("exactly-24-bytes-long-o"))
 	require.Equal(t, 4, b.Len())
 }
+
+// TestBucketsLocalPendingAndLearn: a table without Track has nothing to push
+// and no store state to learn, whatever its keys (inline or long): Pending
+// is 0 and leaves every bucket usable, and Learn changes no bucket.
+func TestBucketsLocalPendingAndLearn(t *testing.T) {
+	b, err := NewBuckets(BucketOptions{Period: time.Second})
+	require.NoError(t, err)
+	keys := []string{"short", "a-key-longer-than-twenty-four-bytes"}
+	for _, k := range keys {
+		b.Try(k, 1000, 10, 5, 2, SpendIfFits)
+	}
+	require.Zero(t, b.Pending())
+	for _, k := range keys {
+		b.Learn(k, 1000, strategy.BucketState{TAT: 1e9, Interval: 10}, false)
+		tat, ok := b.View(k, 1000, 10) // takes the bucket's lock again
+		require.True(t, ok)
+		require.Equal(t, float64(1020), tat, k)
+	}
+}
