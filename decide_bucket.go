@@ -20,7 +20,7 @@ func (ns *Namespace) decideBucket(ctx context.Context, d *Decision, key string, 
 	var st [1]lstate
 	s := &st[0]
 	s.kind, s.idx, s.size = kindBucket, i, ns.sizeMS[i]
-	s.bt, s.interval, s.burst = ns.bucketTable(i), l.interval(), l.burst()
+	s.setBucket(ns, l, i)
 	now := ns.now()
 	s.tryBucket(key, now, cost, count)
 	if count && !s.fits && l.Penalty {

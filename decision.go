@@ -566,8 +566,7 @@ func (ns *Namespace) resolve(ctx context.Context, key string, cost int64, limits
 		case kindWindow:
 			ls.t, ls.ti, ls.w, ls.served, ls.v = ns.tables[i/2], i/2, i%2, false, shm.View{}
 		case kindBucket:
-			ls.bt, ls.interval, ls.burst = ns.bucketTable(i), l.interval(), l.burst()
-			ls.tat, ls.tat0, ls.spent, ls.fits = 0, 0, false, false
+			ls.setBucket(ns, l, i)
 		case kindLog:
 			ls.lt, ls.burst = ns.logTable(i), l.Max // a log's owner keeps its Max in burst
 			ls.ls, ls.added, ls.ticket, ls.fits = strategy.LogState{}, false, 0, false
@@ -774,6 +773,13 @@ func limitReset(st []lstate, j int, l *Limit, now, cost int64, ok, counted bool)
 		v.Cur += cost
 	}
 	return resetAfter(v, st[j].size, now, l.fixed())
+}
+
+// setBucket fills the token-bucket fields of s for limit l, of window index
+// i, before any request is judged.
+func (s *lstate) setBucket(ns *Namespace, l *Limit, i int) {
+	s.bt, s.interval, s.burst = ns.bucketTable(i), l.interval(), l.burst()
+	s.tat, s.tat0, s.spent, s.fits = 0, 0, false, false
 }
 
 // tryBucket judges the request on the token bucket of s, spending its cost

@@ -31,9 +31,9 @@ type Fields struct {
 const maxValueLen = len(";r=;t=") + 2*len("999999999999999")
 
 // Build returns the fields of limits, advertised with the quota and window
-// Quota gives: q is the quota, at most
-// MaxInteger, and w the window in seconds (WindowSeconds). It fails only on
-// a limit whose name is not a valid structured-field string.
+// Quota gives: q is the quota, at most MaxInteger, and w the window in
+// seconds (WindowSeconds). It fails only on a limit whose name is not a
+// valid structured-field string.
 func Build(limits []ratelimit.Limit) (Fields, error) {
 	var f Fields
 	policy := make(httpsfv.List, 0, len(limits))
