@@ -129,11 +129,12 @@ func BenchmarkLocalTokenBucket(b *testing.B) {
 				})
 			})
 			b.Run("golimiter/"+pattern+"/"+run, func(b *testing.B) {
-				// go-limiter refills interval/tokens tokens per elapsed
-				// interval (a rate inverted), so a bucket refilled at any
-				// useful rate runs dry: an interval longer than the run
-				// and more tokens than it takes keep every request
-				// admitted, with the same work per Take.
+				// go-limiter adds interval/tokens tokens per elapsed
+				// interval, capped at Tokens: with more tokens than the
+				// interval has nanoseconds it never refills (2^40 per
+				// second ran dry after a second). An interval longer
+				// than the run and more tokens than it takes keep every
+				// request admitted, with the same work per Take.
 				st, err := memorystore.New(&memorystore.Config{Tokens: 1 << 40, Interval: time.Hour, SweepInterval: time.Hour, SweepMinTTL: time.Hour})
 				if err != nil {
 					b.Fatal(err)

@@ -100,12 +100,11 @@ func movable(i, j, k uint32) bool {
 	return (j > i && (k <= i || k > j)) || (j < i && k <= i && k > j)
 }
 
-// each calls f for every bucket of s until it returns false. The caller
-// holds s.mu.
-func (s *bshard) each(f func(*bucket) bool) {
+// each calls f for every bucket of s. The caller holds s.mu.
+func (s *bshard) each(f func(*bucket)) {
 	for _, sl := range s.slots {
-		if sl.tag != 0 && !f(sl.bk) {
-			return
+		if sl.tag != 0 {
+			f(sl.bk)
 		}
 	}
 }

@@ -478,7 +478,7 @@ func (b *Buckets) Collect(now int64, reads bool, bb *BucketBatch) {
 		s := &b.shards[i]
 		idle = idle[:0]
 		s.mu.RLock()
-		s.each(func(bk *bucket) bool {
+		s.each(func(bk *bucket) {
 			bk.mu.Lock()
 			used := bk.flags.Load()&bflagUsed != 0
 			bk.flags.And(^bflagUsed)
@@ -491,7 +491,6 @@ func (b *Buckets) Collect(now int64, reads bool, bb *BucketBatch) {
 				bb.readRefs = append(bb.readRefs, bk)
 			}
 			bk.mu.Unlock()
-			return true
 		})
 		s.mu.RUnlock()
 		if len(idle) > 0 {
@@ -584,7 +583,7 @@ func (b *Buckets) Pending() (tokens int64) {
 	for i := range b.shards {
 		s := &b.shards[i]
 		s.mu.RLock()
-		s.each(func(bk *bucket) bool { add(bk); return true })
+		s.each(add)
 		s.mu.RUnlock()
 	}
 	return tokens
