@@ -11,6 +11,7 @@ import (
 
 	"github.com/ratesync/ratelimit"
 	"github.com/ratesync/ratelimit/httplimit"
+	"github.com/ratesync/ratelimit/internal/cputime"
 	"github.com/ratesync/ratelimit/policy"
 )
 
@@ -167,11 +168,11 @@ func BenchmarkPolicyMiddleware(b *testing.B) {
 		n := 0
 		for b.Loop() {
 			for j, h := range hs {
-				start := threadTime()
+				start := cputime.Thread()
 				for i := n; i < n+turn; i++ {
 					serve(b, h, w, i)
 				}
-				spent[j] += threadTime() - start
+				spent[j] += cputime.Thread() - start
 			}
 			n += turn
 		}

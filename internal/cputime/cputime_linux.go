@@ -1,13 +1,15 @@
-package httplimit_test
+//go:build linux
+
+package cputime
 
 import (
 	"syscall"
 	"time"
 )
 
-// threadTime returns the CPU time the calling OS thread has used: unlike
-// the wall clock, it does not run while other jobs hold the CPU.
-func threadTime() time.Duration {
+// Thread returns the CPU time the calling OS thread has used. Callers lock
+// their goroutine to its thread (runtime.LockOSThread) around a measure.
+func Thread() time.Duration {
 	const rusageThread = 1 // RUSAGE_THREAD
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(rusageThread, &ru); err != nil {
