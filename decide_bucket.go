@@ -3,10 +3,12 @@ package ratelimit
 import "context"
 
 // decideBucket is decide's path for the most common token-bucket call: one
-// limit, decided on this node (local or periodic mode, without cold reads).
-// It gives the answers of the general path (decideAny) without its per-limit
-// bookkeeping: it makes the decision in d and returns what decideAny
-// returns. count says the request's cost is to be spent.
+// limit, decided on this node (local or periodic mode). With cold reads
+// (coldread.go) it takes only buckets this node holds, and hands a cold one
+// over to decideAny, which reads the store first. It gives the answers of
+// the general path (decideAny) without its per-limit bookkeeping: it makes
+// the decision in d and returns what decideAny returns. count says the
+// request's cost is to be spent.
 func (ns *Namespace) decideBucket(ctx context.Context, d *Decision, key string, cost int64, limits []Limit, count bool) (string, int, error) {
 	if err := checkCall(ctx, key, cost, 1); err != nil {
 		return "", 0, err
@@ -16,11 +18,15 @@ func (ns *Namespace) decideBucket(ctx context.Context, d *Decision, key string, 
 	if err != nil {
 		return "", 0, err
 	}
-	key = ns.storedKey(key)
+	stored := ns.storedKey(key)
 	var st [1]lstate
 	s := &st[0]
 	s.kind, s.idx, s.size = kindBucket, i, ns.sizeMS[i]
 	s.setBucket(ns, l, i)
+	if ns.cold != nil && !s.bt.Holds(stored) {
+		return ns.decideAny(ctx, d, key, cost, limits, count) // cold: read first
+	}
+	key = stored
 	now := ns.now()
 	s.tryBucket(key, now, cost, count)
 	if count && !s.fits && l.Penalty {

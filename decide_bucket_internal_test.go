@@ -11,23 +11,27 @@ import (
 
 // TestDecideBucketMatchesGeneralPath: the single-bucket path gives the
 // general path's answers (decision, stored key, window index, errors) on two
-// namespaces fed the same random calls: costs (0, over the burst, negative),
+// namespaces, local or periodic with cold reads (and cold keys with state in
+// the store), fed the same random calls: costs (0, over the burst, negative),
 // peeks and allows, penalties, refunds, clock gaps, and keys longer than MaxKeyLength.
 func TestDecideBucketMatchesGeneralPath(t *testing.T) {
+	for _, periodic := range []bool{false, true} {
+		t.Run(map[bool]string{false: "local", true: "periodic"}[periodic], func(t *testing.T) {
+			testDecideBucketMatches(t, periodic)
+		})
+	}
+}
+
+func testDecideBucketMatches(t *testing.T, periodic bool) {
 	ctx := context.Background()
 	var now time.Time
 	clock := func() time.Time { return now }
-	newNS := func() *Namespace {
-		reg := NewRegistry()
-		t.Cleanup(func() { _ = reg.Close(ctx) })
-		ns, err := reg.New(Config{WindowSizes: []time.Duration{time.Second, time.Minute}, SyncRate: -1, Clock: clock, MaxKeyLength: 64})
-		require.NoError(t, err)
-		return ns
-	}
-	fast, general := newNS(), newNS()
+	sizes := []time.Duration{time.Second, time.Minute}
+	pair := newLeanPair(t, periodic, clock, sizes...)
+	fast, general := pair.fast, pair.general
 	rng := rand.New(rand.NewPCG(7, 8))
 	now = time.UnixMilli(1_700_000_000_000)
-	keys := []string{"a", "b", "c", "a-key-longer-than-sixty-four-bytes-so-that-the-namespace-stores-its-hash-instead"}
+	keys := leanTestKeys()
 	for n := range 200_000 {
 		now = now.Add(time.Duration(rng.Int64N(40)) * time.Millisecond)
 		l := Limit{Algorithm: TokenBucket, Window: []time.Duration{time.Second, time.Minute}[rng.IntN(2)],
@@ -35,7 +39,13 @@ func TestDecideBucketMatchesGeneralPath(t *testing.T) {
 		if rng.IntN(50) == 0 {
 			l.Window = time.Hour // unknown to the namespaces
 		}
-		key := keys[rng.IntN(len(keys))]
+		key := keys[min(rng.IntN(2*len(keys)), rng.IntN(len(keys)))] // a few keys often, many rarely
+		if rng.IntN(50) == 0 && l.Window != time.Hour {
+			key = pair.coldKey(t, func(seeder *Namespace, key string) {
+				_, err := seeder.Allow(ctx, key, 1+rng.Int64N(5), Limit{Algorithm: TokenBucket, Window: l.Window, Max: l.Max, Burst: 30})
+				require.NoError(t, err)
+			})
+		}
 		cost := rng.Int64N(8) - 1
 		count := rng.IntN(4) != 0
 		limits := []Limit{l}

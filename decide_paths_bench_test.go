@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratesync/ratelimit/internal/cputime"
+	"github.com/ratesync/ratelimit/strategy/memory"
 )
 
 // BenchmarkDecidePaths compares decide's lean paths with the general path
@@ -15,7 +16,9 @@ import (
 // counting each path's thread CPU time apart: other jobs on a shared machine
 // slow both alike, so the ratio holds better than that of separate runs. A
 // hot key shows the decision's own cost; 100,000 keys add the table's cache
-// misses. Limits are high: every call is admitted and counted.
+// misses. Local mode, and periodic mode with cold reads (of keys held, so
+// none is read). Limits are high: every call is admitted and
+// counted.
 //
 //	go test -run '^$' -bench BenchmarkDecidePaths -benchtime 200x .
 func BenchmarkDecidePaths(b *testing.B) {
@@ -41,10 +44,17 @@ func BenchmarkDecidePaths(b *testing.B) {
 		}},
 	}
 	for _, c := range cases {
-		for _, spread := range []int{1, len(keys)} {
+		for _, run := range []struct {
+			spread   int
+			periodic bool
+		}{{1, false}, {len(keys), false}, {1, true}, {len(keys), true}} {
+			spread := run.spread
 			name := c.name + "/hot"
 			if spread > 1 {
 				name = c.name + "/100k"
+			}
+			if run.periodic {
+				name += "/periodic"
 			}
 			b.Run(name, func(b *testing.B) {
 				const turn = 1 << 14
@@ -52,7 +62,11 @@ func BenchmarkDecidePaths(b *testing.B) {
 				defer runtime.UnlockOSThread()
 				reg := NewRegistry()
 				defer func() { _ = reg.Close(ctx) }()
-				ns, err := reg.New(Config{WindowSizes: []time.Duration{time.Second, time.Minute}, SyncRate: -1})
+				cfg := Config{WindowSizes: []time.Duration{time.Second, time.Minute}, SyncRate: -1}
+				if run.periodic { // with cold reads, as by default; the loop stays out
+					cfg.SyncRate, cfg.Strategy = time.Hour, memory.New()
+				}
+				ns, err := reg.New(cfg)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -65,9 +79,18 @@ func BenchmarkDecidePaths(b *testing.B) {
 				}
 				var spent [2]time.Duration
 				var d Decision
+				for _, key := range keys[:spread] { // every key held: no cold reads below
+					if _, _, err := ns.decideAny(ctx, &d, key, 1, c.limits, true); err != nil {
+						b.Fatal(err)
+					}
+				}
 				n, k := 0, 0
 				for b.Loop() {
-					for p, call := range paths {
+					// The path that goes second finds the turn's keys in the
+					// caches: each goes first every other turn.
+					for q := range paths {
+						p := (q + n/turn) % len(paths)
+						call := paths[p]
 						start := cputime.Thread()
 						for i := range turn {
 							if err := call(&d, keys[(k+i*7919)%spread]); err != nil || !d.Allowed {

@@ -1,11 +1,15 @@
 package ratelimit
 
-import "context"
+import (
+	"context"
+
+	"github.com/ratesync/ratelimit/shm"
+)
 
 // leanWindows reports whether limits can take decideWindows: one or two
 // sliding or fixed windows without Penalty, decided on this node.
 func (ns *Namespace) leanWindows(limits []Limit) bool {
-	if ns.mode == modeSync || ns.cold != nil || len(limits) == 0 || len(limits) > 2 {
+	if ns.mode == modeSync || len(limits) == 0 || len(limits) > 2 {
 		return false
 	}
 	for j := range limits {
@@ -21,8 +25,10 @@ func (ns *Namespace) leanWindows(limits []Limit) bool {
 // the answers of the general path (decideAny) with less bookkeeping: the
 // limits' window counters are found once (they share the table of their
 // window sizes, else it hands over to decideAny), counted in one table call,
-// taken back in one when rejected. It makes the decision in d and returns
-// what decideAny returns. count says the request's cost is to be spent.
+// taken back in one when rejected. With cold reads (coldread.go) it takes
+// only keys this node holds, and hands a cold key over to decideAny, which
+// reads the store first. It makes the decision in d and returns what
+// decideAny returns. count says the request's cost is to be spent.
 func (ns *Namespace) decideWindows(ctx context.Context, d *Decision, key string, cost int64, limits []Limit, count bool) (string, int, error) {
 	if err := checkCall(ctx, key, cost, len(limits)); err != nil {
 		return "", 0, err
@@ -45,10 +51,19 @@ func (ns *Namespace) decideWindows(ctx context.Context, d *Decision, key string,
 		return ns.decideAny(ctx, d, key, cost, limits, count)
 	}
 	t := ns.tables[ti]
-	key = ns.storedKey(key)
+	stored := ns.storedKey(key)
 	now := ns.now()
 	sts := st[:len(limits)]
-	views := t.AddWindows(key, now, mask, [2]int64{cost, cost}, !count)
+	var views [2]shm.View
+	if ns.cold == nil {
+		views = t.AddWindows(stored, now, mask, [2]int64{cost, cost}, !count)
+	} else {
+		var held bool
+		if views, held = t.AddWindowsIfHeld(stored, now, mask, [2]int64{cost, cost}, !count); !held {
+			return ns.decideAny(ctx, d, key, cost, limits, count) // cold: read first
+		}
+	}
+	key = stored
 	for j := range sts {
 		sts[j].v = views[sts[j].w]
 	}

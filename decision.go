@@ -243,7 +243,7 @@ func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits 
 	var d Decision
 	var idx int // the binding limit's window index
 	var err error
-	if len(limits) == 1 && limits[0].Algorithm == TokenBucket && ns.mode != modeSync && ns.cold == nil {
+	if len(limits) == 1 && limits[0].Algorithm == TokenBucket && ns.mode != modeSync {
 		key, idx, err = ns.decideBucket(ctx, &d, key, cost, limits, count && cost > 0)
 	} else if ns.leanWindows(limits) {
 		key, idx, err = ns.decideWindows(ctx, &d, key, cost, limits, count && cost > 0)
