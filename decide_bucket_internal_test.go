@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,15 +26,18 @@ func TestDecideBucketMatchesGeneralPath(t *testing.T) {
 func testDecideBucketMatches(t *testing.T, periodic bool) {
 	ctx := context.Background()
 	var now time.Time
-	clock := func() time.Time { return now }
+	var clk atomic.Int64 // now, for the namespaces' loops too
+	clock := func() time.Time { return time.Unix(0, clk.Load()) }
 	sizes := []time.Duration{time.Second, time.Minute}
 	pair := newLeanPair(t, periodic, clock, sizes...)
 	fast, general := pair.fast, pair.general
 	rng := rand.New(rand.NewPCG(7, 8))
 	now = time.UnixMilli(1_700_000_000_000)
+	clk.Store(now.UnixNano())
 	keys := leanTestKeys()
 	for n := range 200_000 {
 		now = now.Add(time.Duration(rng.Int64N(40)) * time.Millisecond)
+		clk.Store(now.UnixNano())
 		l := Limit{Algorithm: TokenBucket, Window: []time.Duration{time.Second, time.Minute}[rng.IntN(2)],
 			Max: 1 + rng.Int64N(20), Burst: rng.Int64N(30), Penalty: rng.IntN(5) == 0}
 		if rng.IntN(50) == 0 {

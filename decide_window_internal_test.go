@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,12 +83,14 @@ func leanTestKeys() []string {
 func testDecideWindowsMatches(t *testing.T, periodic bool) {
 	ctx := context.Background()
 	var now time.Time
-	clock := func() time.Time { return now }
+	var clk atomic.Int64 // now, for the namespaces' loops too
+	clock := func() time.Time { return time.Unix(0, clk.Load()) }
 	sizes := []time.Duration{time.Second, time.Minute, 10 * time.Second} // two tables
 	pair := newLeanPair(t, periodic, clock, sizes...)
 	fast, general := pair.fast, pair.general
 	rng := rand.New(rand.NewPCG(9, 10))
 	now = time.UnixMilli(1_700_000_000_000)
+	clk.Store(now.UnixNano())
 	keys := leanTestKeys()
 	limit := func() Limit {
 		l := Limit{Window: sizes[rng.IntN(len(sizes))], Max: 1 + rng.Int64N(12)}
@@ -105,6 +108,7 @@ func testDecideWindowsMatches(t *testing.T, periodic bool) {
 	var rejected int
 	for n := range 200_000 {
 		now = now.Add(time.Duration(rng.Int64N(300)) * time.Millisecond)
+		clk.Store(now.UnixNano())
 		limits := []Limit{limit()}
 		if rng.IntN(2) == 0 {
 			limits = append(limits, limit())
