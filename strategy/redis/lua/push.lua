@@ -41,6 +41,20 @@
 -- version and are logged; a batch that changes at least half of a window's
 -- fields (and at least MINMARK) marks its version instead of logging each
 -- field (see mark).
+--
+-- Replicas and the append-only file get a window's new totals (one HSET),
+-- not its increments: the counters' writes are not propagated
+-- (redis.set_repl), their results are, once the window's diffs are
+-- applied. The script's writes reach the file as one MULTI/EXEC block, and
+-- a SIGKILL while Redis writes it may cut the file inside the block; Redis
+-- (7.0, and Valkey before its fix for a short read in MULTI) then truncates
+-- it after the last whole command, inside the block, and leaves the block
+-- there without its EXEC, and a later start runs it with the next block
+-- (at that block's EXEC, a nested MULTI being refused). The part, whose reply the kill lost, was applied again
+-- when re-sent (the Redis that loaded the cut file had not run it), so
+-- replayed increments would count its diffs twice; replayed totals are
+-- overwritten by the re-send's, which are the same, and by every later
+-- write's (chaos/store TestTornTransactionTail).
 
 local fresh = true
 if ARGV[1] ~= '0' then
@@ -75,13 +89,17 @@ local function clamp(key, field, n)
   redis.call('HSET', key, field, s)
   return n > 0 and bound or -bound
 end
+-- add runs with propagation off (see the top): only the DEL of a key of
+-- another type is propagated, before the window's totals.
 local function add(key, field, delta)
   local total = redis.pcall('HINCRBY', key, field, delta)
   if type(total) == 'table' then
     local err = total.err or ''
     local d = tonumber(delta)
     if string.sub(err, 1, 9) == 'WRONGTYPE' then
+      redis.set_repl(redis.REPL_ALL)
       redis.call('DEL', key)
+      redis.set_repl(redis.REPL_NONE)
       total = redis.call('HINCRBY', key, field, delta)
     elseif string.find(err, 'overflow', 1, true) then
       return clamp(key, field, d)
@@ -127,6 +145,8 @@ for w = 1, nw do
     end
     local logged = v > 0 and not marked
     local z, zn, new = {}, 0, false
+    local first = n -- out[first + 1 .. first + nd]: the window's new totals
+    redis.set_repl(redis.REPL_NONE) -- the totals are propagated below
     for i = 1, nd do
       local field, delta = ARGV[a], ARGV[a + 1]
       local total = add(hash, field, delta)
@@ -139,11 +159,31 @@ for w = 1, nw do
         z[zn + 1], z[zn + 2] = v, field
         zn = zn + 2
         if zn == 2000 then
+          redis.set_repl(redis.REPL_ALL)
           zadd(log, z)
+          redis.set_repl(redis.REPL_NONE)
           z, zn = {}, 0
         end
       end
       a = a + 2
+    end
+    redis.set_repl(redis.REPL_ALL)
+    -- The totals, as replicas and the file get them: HSET sets what the
+    -- increments left (the same values, read back as Redis holds them: a
+    -- Lua number is exact only up to 2^53), 1,000 fields at a time.
+    local f = a - 2 * nd
+    for lo = 1, nd, 1000 do
+      local hi = math.min(lo + 999, nd)
+      local fields = {}
+      for i = lo, hi do
+        fields[i - lo + 1] = ARGV[f + 2 * (i - 1)]
+      end
+      local vals = redis.call('HMGET', hash, unpack(fields))
+      local hs = {}
+      for i = 1, #fields do
+        hs[2 * i - 1], hs[2 * i] = fields[i], vals[i] or str(out[first + lo + i - 1])
+      end
+      redis.call('HSET', hash, unpack(hs))
     end
     if zn > 0 then
       zadd(log, z)

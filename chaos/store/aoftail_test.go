@@ -1,0 +1,105 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratesync/ratelimit"
+	"github.com/ratesync/ratelimit/strategy"
+	"github.com/ratesync/ratelimit/strategy/redis"
+)
+
+// TestTornTransactionTail: a push part's writes reach the append-only file
+// as one MULTI/EXEC block, and a SIGKILL in the middle of that write leaves
+// the file cut inside the block. Redis (7.0 at least; Valkey before its fix
+// for a short read in MULTI) then truncates the file after the last whole
+// command, inside the block, instead of before its MULTI: the block stays
+// in the file without its EXEC, and the next start queues it with the next
+// block and runs both at that block's EXEC. The part, whose reply was lost
+// with the kill, is re-sent and applied again (the Redis that loaded the
+// cut file never ran it, nor remembers its id): the next restart counts its
+// diffs twice, once from the torn block and once from the re-send. This is
+// what the kill loop counted twice (12 hits on 11 keys, 4 hits on 4 keys),
+// found in the file of a run that did.
+//
+// The push script's counter writes reach the file as totals (HSET), not as
+// increments: a torn block replayed before the re-send's sets the same
+// totals, and counts nothing twice.
+func TestTornTransactionTail(t *testing.T) {
+	noLeaks(t)
+	dir := t.TempDir()
+	srv := startRedis(t, dir)
+	c := goredis.NewClient(redisOptions(srv.addr()))
+	defer c.Close()
+	rs, err := redis.New(c, redis.Options{KeyPrefix: "torn", Shards: 1})
+	require.NoError(t, err)
+	ctx := context.Background()
+	now := time.Now().UnixMilli()
+	start := strategy.WindowStart(now, time.Hour)
+	keys := []string{"a", "b", "c", "d"}
+	b := &strategy.Batch{ID: "torn-1", Namespace: ratelimit.DefaultNamespace, Now: now}
+	for i, k := range keys {
+		b.Diffs = append(b.Diffs, strategy.Diff{CounterID: strategy.CounterID{Key: k, Size: time.Hour, Start: start}, Delta: int64(i + 1)})
+	}
+	_, err = rs.PushDiffs(ctx, b)
+	require.NoError(t, err)
+
+	// SIGKILL in the middle of writing the part's block: the file ends
+	// inside its EXEC. (The kill lost the reply: the node re-sends.)
+	srv.kill()
+	file := aofTail(t, dir)
+	data, err := os.ReadFile(file)
+	require.NoError(t, err)
+	exec := []byte("*1\r\n$4\r\nEXEC\r\n")
+	i := bytes.LastIndex(data, exec)
+	require.Positive(t, i, "the part's writes are one MULTI/EXEC block in %s", file)
+	require.NoError(t, os.Truncate(file, int64(i+len(exec)-4)))
+
+	srv.restart() // loads the cut file
+	ready := func() bool {
+		ctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		return c.Set(ctx, "torn:ready", "1", time.Minute).Err() == nil
+	}
+	require.True(t, pollUntil(10*time.Second, ready))
+	_, err = rs.PushDiffs(ctx, b) // the re-send, applied: Redis lost the part
+	require.NoError(t, err)
+
+	srv.restart() // loads the torn block and the re-send's
+	require.True(t, pollUntil(10*time.Second, ready))
+	got := map[string]int64{}
+	for cnt, err := range rs.GetCounters(ctx, strategy.Query{Namespace: ratelimit.DefaultNamespace, Sizes: []time.Duration{time.Hour}, Now: now}) {
+		require.NoError(t, err)
+		if cnt.Start == start {
+			got[cnt.Key] = cnt.Count
+		}
+	}
+	for i, k := range keys {
+		require.Equal(t, int64(i+1), got[k], "key %s counted twice (all: %v)", k, got)
+	}
+}
+
+// aofTail returns the append-only file Redis appends to in dir: the last
+// INCR file of Redis 7's multi-part AOF, or the single file before it.
+func aofTail(t *testing.T, dir string) string {
+	t.Helper()
+	incr, err := filepath.Glob(filepath.Join(dir, "appendonlydir", "*.incr.aof"))
+	require.NoError(t, err)
+	if len(incr) > 0 {
+		newest := incr[0]
+		for _, f := range incr[1:] {
+			if len(f) > len(newest) || (len(f) == len(newest) && f > newest) {
+				newest = f
+			}
+		}
+		return newest
+	}
+	return filepath.Join(dir, "appendonly.aof")
+}
