@@ -247,3 +247,40 @@ func TestHugeWindowsRefused(t *testing.T) {
 	// The longest window accepted gets a positive TTL.
 	require.Positive(t, s.ttl(strategy.MaxWindow))
 }
+
+// The push script works a window's totals out itself (one HMGET, one HSET
+// of the totals, so that replicas and the append-only file get totals, not
+// increments); what it leaves must be what HINCRBY would: a counter met
+// twice in one part counts both diffs, a total crossing 2^53 (where a Lua
+// number stops being exact) stays exact, and a field holding something
+// other than a decimal integer (" 12", "0x10", "1e3") starts again from 0
+// as HINCRBY would refuse it. The values are read back from Redis.
+func TestScriptTotalsMatchHINCRBY(t *testing.T) {
+	noLeaks(t)
+	c := realClient(t)
+	s := newStore(t, c, Options{Shards: 1})
+	ctx := context.Background()
+	hash := hashKey(s.shardPrefixes("ns")[0], time.Minute, 0)
+	id := func(k string) strategy.CounterID { return strategy.CounterID{Key: k, Size: time.Minute, Start: 0} }
+	const exact = 1 << 53
+	require.NoError(t, c.HSet(ctx, hash, "near", int64(exact-2), "ws", " 12", "hex", "0x10", "exp", "1e3", "neg", int64(-exact+1)).Err())
+	res, err := s.PushDiffs(ctx, &strategy.Batch{ID: "t1", Namespace: "ns", Diffs: []strategy.Diff{
+		{CounterID: id("dup"), Delta: 5},
+		{CounterID: id("near"), Delta: 1},
+		{CounterID: id("dup"), Delta: 7},
+		{CounterID: id("near"), Delta: 3}, // crosses 2^53: exact all the same
+		{CounterID: id("ws"), Delta: 2},
+		{CounterID: id("hex"), Delta: 3},
+		{CounterID: id("exp"), Delta: 4},
+		{CounterID: id("neg"), Delta: -5},
+		{CounterID: id("near"), Delta: 10},
+	}})
+	require.NoError(t, err)
+	want := map[string]int64{"dup": 12, "near": exact + 12, "ws": 2, "hex": 3, "exp": 4, "neg": -exact - 4}
+	require.Equal(t, []int64{5, exact - 1, 12, exact + 2, 2, 3, 4, -exact - 4, exact + 12}, res.Totals)
+	got, err := c.HGetAll(ctx, hash).Result()
+	require.NoError(t, err)
+	for k, v := range want {
+		require.Equal(t, strconv.FormatInt(v, 10), got[k], "field %s", k)
+	}
+}

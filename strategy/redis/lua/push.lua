@@ -56,6 +56,8 @@
 -- overwritten by the re-send's, which are the same, and by every later
 -- write's (chaos/store TestTornTransactionTail).
 
+local EXACT = 9007199254740992 -- 2^53: integers below it are exact in a Lua number
+
 local fresh = true
 if ARGV[1] ~= '0' then
   fresh = redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1])
@@ -145,43 +147,70 @@ for w = 1, nw do
     end
     local logged = v > 0 and not marked
     local z, zn, new = {}, 0, false
-    local first = n -- out[first + 1 .. first + nd]: the window's new totals
-    redis.set_repl(redis.REPL_NONE) -- the totals are propagated below
-    for i = 1, nd do
-      local field, delta = ARGV[a], ARGV[a + 1]
-      local total = add(hash, field, delta)
-      n = n + 1
-      out[n] = total
-      if total == tonumber(delta) then
-        new = true -- the field may be new, and so may the hash
-      end
-      if logged then
-        z[zn + 1], z[zn + 2] = v, field
-        zn = zn + 2
-        if zn == 2000 then
-          redis.set_repl(redis.REPL_ALL)
-          zadd(log, z)
-          redis.set_repl(redis.REPL_NONE)
-          z, zn = {}, 0
-        end
-      end
-      a = a + 2
-    end
-    redis.set_repl(redis.REPL_ALL)
-    -- The totals, as replicas and the file get them: HSET sets what the
-    -- increments left (the same values, read back as Redis holds them: a
-    -- Lua number is exact only up to 2^53), 1,000 fields at a time.
-    local f = a - 2 * nd
+    -- The window's diffs, 1,000 at a time: one HMGET of their counters,
+    -- the new totals worked out here, one HSET of them. That is both what
+    -- Redis runs and what replicas and the append-only file get (totals,
+    -- not increments: see the top). A counter whose total leaves the
+    -- integers exact in a Lua number (2^53), or that does not hold a
+    -- decimal integer, goes through add (HINCRBY, not propagated, with its
+    -- overflow and type rules), and its total is read back as Redis holds
+    -- it for the HSET.
+    local seen, seenS = {}, {} -- totals (and as written) of fields met earlier in this window's diffs
     for lo = 1, nd, 1000 do
       local hi = math.min(lo + 999, nd)
       local fields = {}
       for i = lo, hi do
-        fields[i - lo + 1] = ARGV[f + 2 * (i - 1)]
+        fields[i - lo + 1] = ARGV[a + 2 * (i - lo)]
       end
-      local vals = redis.call('HMGET', hash, unpack(fields))
-      local hs = {}
-      for i = 1, #fields do
-        hs[2 * i - 1], hs[2 * i] = fields[i], vals[i] or str(out[first + lo + i - 1])
+      local vals = redis.pcall('HMGET', hash, unpack(fields))
+      if type(vals) ~= 'table' or vals.err then
+        vals = nil -- not a hash: add handles it, field by field
+      end
+      local hs, m = {}, 0
+      for i = lo, hi do
+        local field, delta = ARGV[a], ARGV[a + 1]
+        local d = tonumber(delta)
+        local c = seen[field]
+        if c == nil and vals then
+          c = vals[i - lo + 1]
+          if not c then
+            c = 0
+          elseif string.find(c, '^-?%d+$') then
+            c = tonumber(c)
+          else
+            c = nil
+          end
+        end
+        local total, s
+        if c and math.abs(c) < EXACT and math.abs(c + d) < EXACT then
+          total = c + d
+          s = str(total)
+        else
+          redis.set_repl(redis.REPL_NONE)
+          if seen[field] then -- this chunk's HSET has not run: write the field's total first
+            redis.call('HSET', hash, field, seenS[field])
+          end
+          total = add(hash, field, delta)
+          redis.set_repl(redis.REPL_ALL)
+          s = redis.call('HGET', hash, field)
+        end
+        seen[field], seenS[field] = total, s
+        hs[m + 1], hs[m + 2] = field, s
+        m = m + 2
+        n = n + 1
+        out[n] = total
+        if total == d then
+          new = true -- the field may be new, and so may the hash
+        end
+        if logged then
+          z[zn + 1], z[zn + 2] = v, field
+          zn = zn + 2
+          if zn == 2000 then
+            zadd(log, z)
+            z, zn = {}, 0
+          end
+        end
+        a = a + 2
       end
       redis.call('HSET', hash, unpack(hs))
     end
