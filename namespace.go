@@ -66,6 +66,10 @@ type Namespace struct {
 	unresMu    sync.Mutex
 	unresolved []*push // guarded by unresMu
 	spare      *push   // a settled cycle's push, reused for its buffers (under syncSem)
+	// passDiffs[i] is how many diffs table i's last watched pass pushed:
+	// the next pass's estimate of its own (see syncTable). Guarded by
+	// syncSem.
+	passDiffs []int
 
 	stats stats
 	hot   *hotKeys    // nil unless Config.HotKeys is on

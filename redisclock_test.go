@@ -3,17 +3,14 @@ package ratelimit_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/ratesync/ratelimit"
 	rlredis "github.com/ratesync/ratelimit/strategy/redis"
-	"github.com/ratesync/ratelimit/strategy/strategytest"
 )
 
 // TestRedisClockEveryAlgorithm takes window time from Redis TIME
@@ -68,19 +65,4 @@ func TestRedisClockEveryAlgorithm(t *testing.T) {
 			})
 		}
 	}
-}
-
-// testRedisClient returns a client of the Redis server the tests use
-// (RATELIMIT_TEST_REDIS_ADDR), closed at cleanup; without one, the test is
-// skipped (a failure in CI).
-func testRedisClient(t *testing.T) *goredis.Client {
-	t.Helper()
-	addr := os.Getenv("RATELIMIT_TEST_REDIS_ADDR")
-	if addr == "" {
-		strategytest.SkipOrFail(t, "RATELIMIT_TEST_REDIS_ADDR")
-	}
-	client := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: 3, DialTimeout: time.Second, ReadTimeout: 5 * time.Second,
-		WriteTimeout: 5 * time.Second, PoolTimeout: 5 * time.Second, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = client.Close() })
-	return client
 }

@@ -131,6 +131,7 @@ func (ns *Namespace) keepSpare(p *push) {
 	p.batch.Diffs, p.batch.Reads = nil, nil
 	p.batch.BucketDiffs, p.batch.BucketReads = nil, nil
 	p.watches, p.batch.Watches = p.watches[:0], nil
+	p.batch.PassDiffs = 0
 	ns.spare = p
 }
 
@@ -220,6 +221,25 @@ func (ns *Namespace) syncOnce(ctx context.Context, reads bool) error {
 func (ns *Namespace) syncTable(ctx context.Context, i int, now int64, reads, watch bool) error {
 	t := ns.tables[i]
 	t.Rewind()
+	if ns.passDiffs == nil {
+		ns.passDiffs = make([]int, len(ns.tables))
+	}
+	// Each push tells the store how many diffs the whole pass is expected
+	// to push (the last watched pass's count): a store with change logs
+	// then marks a window's versions instead of logging each change when
+	// the pass changes most of the window's counters there (high churn).
+	// Every watch over a marked window reads it in full, which at that
+	// churn costs about what listing it would, while the log would cost the
+	// store as much again. The estimate rests on this node's own pushes,
+	// never on its watches overflowing: its own markers overflow its next
+	// watch, and an estimate from that would keep a node that churned once
+	// reading in full. It lags a pass: the first pass of high churn logs,
+	// the first of low churn after it may mark.
+	var passDiffs int
+	if watch {
+		passDiffs = ns.passDiffs[i]
+	}
+	diffs, watched := 0, false
 	for first, done := true, false; !done; first = false {
 		p := ns.spare
 		ns.spare = nil
@@ -232,13 +252,11 @@ func (ns *Namespace) syncTable(ctx context.Context, i int, now int64, reads, wat
 			// The watches go with the pass's first push: the changes of
 			// the cycle are learned in one round trip.
 			p.watches, p.watchTable = t.Watches(now, p.watches[:0]), i
+			watched = len(p.watches) > 0
 		}
-		// No Batch.Bulk: a bulk push marks the store's versions instead of
-		// logging, and a marker makes the next watch of every node, this
-		// one included, overflow: once churning, a node kept itself
-		// churning (100,000 keys, 1 % changed: 259 ms a cycle instead of
-		// 20). High churn pays for the log instead (see README, Scaling).
+		p.batch.PassDiffs = passDiffs
 		done = t.CollectSome(now, reads, &p.parts[i], ns.pushSize())
+		diffs += len(p.parts[i].Diffs)
 		p.assemble(now)
 		if !p.empty() {
 			if err := ns.send(ctx, p); err != nil {
@@ -253,6 +271,9 @@ func (ns *Namespace) syncTable(ctx context.Context, i int, now int64, reads, wat
 		ns.keepSpare(p)
 	}
 	t.PassDone()
+	if watched {
+		ns.passDiffs[i] = diffs
+	}
 	return nil
 }
 

@@ -83,12 +83,19 @@ type Batch struct {
 	// whose Capabilities have Watch.
 	Watches []Watch
 	// Bulk hints that the batch is one of a cycle changing most of the
-	// counters of its windows (high churn: the node's watches overflow, so
-	// it reads in full): a store with change logs may then record the
+	// counters of its windows: a store with change logs may then record the
 	// batch's changes as "anything may have changed" instead of listing
 	// each, and answer the watches over them with an Overflow. Listing them
 	// would cost about what reading them does, twice over.
 	Bulk bool
+	// PassDiffs, when larger than len(Diffs), is how many diffs the node
+	// expects to push in the pass this batch is a chunk of (the core gives
+	// its previous pass's count): a store with change logs may scale a
+	// window's diffs in the batch by PassDiffs/len(Diffs) when it decides
+	// whether they are most of the window, and mark instead of log. The
+	// decision stays the store's, against the window's size there: a node
+	// churning through a few keys of a large window still logs.
+	PassDiffs int
 	// BucketDiffs are token-bucket spends to apply exactly once, at most one
 	// per bucket; BucketReads are buckets to read. Only for stores whose
 	// Capabilities have Buckets.

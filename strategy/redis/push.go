@@ -84,10 +84,15 @@ func (s *Store) scriptArgs(b *strategy.Batch, batchID, prefix string, p *part, c
 		}
 		if full[i] {
 			nbatch := w.batchDiffs
-			if b.Bulk && len(w.diffs) > 0 {
+			switch n := len(b.Diffs); {
+			case b.Bulk && len(w.diffs) > 0:
 				// A bulk batch marks its versions rather than logging
 				// (see lua/versions.lua: a batch of this many diffs does).
 				nbatch = 1 << 30
+			case b.PassDiffs > n && n > 0:
+				// The window's share of the whole pass: the script marks
+				// when that is at least half the window's counters.
+				nbatch = int(min(int64(w.batchDiffs)*int64(b.PassDiffs)/int64(n), 1<<30))
 			}
 			args = append(args, 4, len(w.diffs), nr, s.ttl(w.size), nbatch)
 		} else {
