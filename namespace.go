@@ -66,10 +66,12 @@ type Namespace struct {
 	unresMu    sync.Mutex
 	unresolved []*push // guarded by unresMu
 	spare      *push   // a settled cycle's push, reused for its buffers (under syncSem)
-	// passDiffs[i] is how many diffs table i's last watched pass pushed:
-	// the next pass's estimate of its own (see syncTable). Guarded by
-	// syncSem.
-	passDiffs []int
+	// passDiffs[i] is how many diffs table i's watched passes pushed in the
+	// last regular cycle and the early ones before it: the next pass's
+	// estimate of its own; cycleDiffs[i] counts them since (see syncTable).
+	// Guarded by syncSem.
+	passDiffs, cycleDiffs []int
+	earlyCycle            bool // the cycle running was triggered by evictions (see runCycle); guarded by syncSem
 
 	stats stats
 	hot   *hotKeys    // nil unless Config.HotKeys is on

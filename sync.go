@@ -222,10 +222,12 @@ func (ns *Namespace) syncTable(ctx context.Context, i int, now int64, reads, wat
 	t := ns.tables[i]
 	t.Rewind()
 	if ns.passDiffs == nil {
-		ns.passDiffs = make([]int, len(ns.tables))
+		ns.passDiffs, ns.cycleDiffs = make([]int, len(ns.tables)), make([]int, len(ns.tables))
 	}
 	// Each push tells the store how many diffs the whole pass is expected
-	// to push (the last watched pass's count): a store with change logs
+	// to push (what the last regular cycle pushed, with the early cycles
+	// before it: a burst of evictions runs early cycles that push part of
+	// the churn, see runCycle): a store with change logs
 	// then marks a window's versions instead of logging each change when
 	// the pass changes most of the window's counters there (high churn).
 	// Every watch over a marked window reads it in full, which at that
@@ -240,6 +242,15 @@ func (ns *Namespace) syncTable(ctx context.Context, i int, now int64, reads, wat
 		passDiffs = ns.passDiffs[i]
 	}
 	diffs, watched := 0, false
+	defer func() {
+		if !watched {
+			return
+		}
+		ns.cycleDiffs[i] += diffs
+		if !ns.earlyCycle {
+			ns.passDiffs[i], ns.cycleDiffs[i] = ns.cycleDiffs[i], 0
+		}
+	}()
 	for first, done := true, false; !done; first = false {
 		p := ns.spare
 		ns.spare = nil
@@ -271,9 +282,6 @@ func (ns *Namespace) syncTable(ctx context.Context, i int, now int64, reads, wat
 		ns.keepSpare(p)
 	}
 	t.PassDone()
-	if watched {
-		ns.passDiffs[i] = diffs
-	}
 	return nil
 }
 
@@ -345,7 +353,7 @@ func (ns *Namespace) Sync(ctx context.Context) error {
 	if ok, err := ns.usesStore(ctx); !ok {
 		return err
 	}
-	return ns.unpushed(ns.runCycle(ctx, true))
+	return ns.unpushed(ns.runCycle(ctx, true, false))
 }
 
 // unpushed wraps a failed cycle's error in an UnpushedError that counts the
@@ -360,11 +368,15 @@ func (ns *Namespace) unpushed(err error) error {
 
 // runCycle runs one sync cycle under syncSem and records its outcome: in
 // Stats, and in storeDown, which marks local answers Degraded while the
-// store fails.
-func (ns *Namespace) runCycle(ctx context.Context, reads bool) error {
+// store fails. early says the cycle runs before its time because evicted
+// keys' hits pile up: its diffs count towards the next regular cycle's in
+// the estimate of a pass's diffs (see syncTable), so that a burst of early
+// cycles, each pushing part of the churn, does not hide it.
+func (ns *Namespace) runCycle(ctx context.Context, reads, early bool) error {
 	if err := ns.lockSync(ctx); err != nil {
 		return err
 	}
+	ns.earlyCycle = early
 	start := time.Now()
 	err := ns.observedSync(ctx, reads)
 	ns.unlockSync()
@@ -508,6 +520,7 @@ func (ns *Namespace) loop() {
 		if failures > 0 {
 			trigger = nil // while the store fails, the backoff decides
 		}
+		early := false
 		select {
 		case <-ns.done:
 			timer.Stop()
@@ -515,11 +528,12 @@ func (ns *Namespace) loop() {
 		case <-timer.C:
 		case <-trigger: // evictions outrun the syncs: push their hits now
 			timer.Stop()
+			early = true
 		}
 		if ns.closed.Load() {
 			return // Close flushes; no cycle may start after it began
 		}
-		if err := ns.runCycle(ns.ctx, reads); err != nil {
+		if err := ns.runCycle(ns.ctx, reads, early); err != nil {
 			failures++
 			ns.logFailure(failures, err)
 		} else {
