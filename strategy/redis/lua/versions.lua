@@ -53,15 +53,20 @@ end
 -- cost Redis about as much as the increments themselves: each of its parts
 -- adds its version to the window's markers (a sorted set of versions),
 -- which tell watches that anything may have changed at that version. The
--- set keeps the KEEPMARKS latest; its member 't' is scored with the latest
--- version trimmed.
+-- set keeps at least the KEEPMARKS latest (at most twice as many); its
+-- member 't' is scored with the latest version trimmed.
 local MINMARK, KEEPMARKS = 64, 32
 
--- mark records marker v, with the hash's TTL.
+-- mark records marker v, with the hash's TTL. Under high churn every part
+-- of a pass marks, so the set is trimmed back to the KEEPMARKS latest only
+-- once it holds twice as many (one trim per KEEPMARKS markers, not one per
+-- marker), and it gets the hash's TTL only when this marker created it: a
+-- set that already existed got that TTL with it (incarnate, or here), and
+-- every later change of the hash's TTL sets the set's too (expire).
 local function mark(hash, marks, v, ttl)
   zadd(marks, {v, str(v)})
   local n = redis.call('ZCARD', marks)
-  if n > KEEPMARKS + 1 then
+  if n > 2 * KEEPMARKS + 1 then
     local old = redis.call('ZRANGE', marks, 0, n - KEEPMARKS - 1, 'WITHSCORES')
     local top = 0
     for i = 2, #old, 2 do
@@ -70,11 +75,13 @@ local function mark(hash, marks, v, ttl)
     redis.call('ZREMRANGEBYRANK', marks, 0, n - KEEPMARKS - 1)
     redis.call('ZADD', marks, top, 't')
   end
-  local pttl = redis.call('PTTL', hash)
-  if pttl > 0 then
-    ttl = pttl
+  if n == 1 then
+    local pttl = redis.call('PTTL', hash)
+    if pttl > 0 then
+      ttl = pttl
+    end
+    redis.call('PEXPIRE', marks, ttl)
   end
-  redis.call('PEXPIRE', marks, ttl)
 end
 
 -- The functions of watches, defined only for a script call that answers
