@@ -139,6 +139,7 @@ func newNamespace(cfg Config, reg *Registry) (*Namespace, error) {
 		}
 		ns.tables = append(ns.tables, t)
 	}
+	ns.passDiffs, ns.cycleDiffs = make([]int, len(ns.tables)), make([]int, len(ns.tables))
 	for _, w := range cfg.WindowSizes {
 		ns.sizeMS = append(ns.sizeMS, w.Milliseconds())
 	}

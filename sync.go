@@ -221,9 +221,6 @@ func (ns *Namespace) syncOnce(ctx context.Context, reads bool) error {
 func (ns *Namespace) syncTable(ctx context.Context, i int, now int64, reads, watch bool) error {
 	t := ns.tables[i]
 	t.Rewind()
-	if ns.passDiffs == nil {
-		ns.passDiffs, ns.cycleDiffs = make([]int, len(ns.tables)), make([]int, len(ns.tables))
-	}
 	// Each push tells the store how many diffs the whole pass is expected
 	// to push (what the last regular cycle pushed, with the early cycles
 	// before it: a burst of evictions runs early cycles that push part of

@@ -183,13 +183,20 @@ func TestClientOptionsBoundEveryWait(t *testing.T) {
 // Before, an increment that overflowed (or hit a field that is not an
 // integer, or a key of another type) failed after the batch-part id was
 // written: the part was half applied, and its re-send was taken as applied.
-func TestScriptSettlesBadDataInPlace(t *testing.T) {
-	noLeaks(t)
+// oneShardStore returns a one-shard store on the real Redis, the hash of
+// namespace "ns"'s minute window starting at 0, and the ID of a counter of
+// that window.
+func oneShardStore(t *testing.T) (*goredis.Client, *Store, string, func(string) strategy.CounterID) {
 	c := realClient(t)
 	s := newStore(t, c, Options{Shards: 1})
-	ctx := context.Background()
 	hash := hashKey(s.shardPrefixes("ns")[0], time.Minute, 0)
-	id := func(k string) strategy.CounterID { return strategy.CounterID{Key: k, Size: time.Minute, Start: 0} }
+	return c, s, hash, func(k string) strategy.CounterID { return strategy.CounterID{Key: k, Size: time.Minute, Start: 0} }
+}
+
+func TestScriptSettlesBadDataInPlace(t *testing.T) {
+	noLeaks(t)
+	c, s, hash, id := oneShardStore(t)
+	ctx := context.Background()
 	push := func(batch string, diffs ...strategy.Diff) []int64 {
 		t.Helper()
 		b := &strategy.Batch{ID: batch, Namespace: "ns", Diffs: diffs}
@@ -257,11 +264,8 @@ func TestHugeWindowsRefused(t *testing.T) {
 // as HINCRBY would refuse it. The values are read back from Redis.
 func TestScriptTotalsMatchHINCRBY(t *testing.T) {
 	noLeaks(t)
-	c := realClient(t)
-	s := newStore(t, c, Options{Shards: 1})
+	c, s, hash, id := oneShardStore(t)
 	ctx := context.Background()
-	hash := hashKey(s.shardPrefixes("ns")[0], time.Minute, 0)
-	id := func(k string) strategy.CounterID { return strategy.CounterID{Key: k, Size: time.Minute, Start: 0} }
 	const exact = 1 << 53
 	require.NoError(t, c.HSet(ctx, hash, "near", int64(exact-2), "ws", " 12", "hex", "0x10", "exp", "1e3", "neg", int64(-exact+1)).Err())
 	res, err := s.PushDiffs(ctx, &strategy.Batch{ID: "t1", Namespace: "ns", Diffs: []strategy.Diff{
