@@ -86,6 +86,62 @@ func TestTornTransactionTail(t *testing.T) {
 	}
 }
 
+// TestTornTakeTail is TestTornTransactionTail for a synchronous-mode take
+// on a sliding log: the take's writes are one MULTI/EXEC block, the kill
+// cuts it, the node re-sends the take under its ID (the Redis that loaded
+// the cut file never recorded it) and the next restart replays the torn
+// block before the re-send's. A log written by appending (RPUSH) held the
+// entry twice. The take script writes a log as a sorted set whose members
+// name their take, so the torn block and the re-send add the same member.
+func TestTornTakeTail(t *testing.T) {
+	noLeaks(t)
+	dir := t.TempDir()
+	srv := startRedis(t, dir)
+	c := goredis.NewClient(redisOptions(srv.addr()))
+	defer c.Close()
+	rs, err := redis.New(c, redis.Options{KeyPrefix: "torn", Shards: 1})
+	require.NoError(t, err)
+	ctx := context.Background()
+	now := time.Now().UnixMilli()
+	logs := []strategy.TakeLog{{Window: time.Hour, Max: 10}, {Window: time.Minute, Max: 10}}
+	take := func(id string, cost int64, peek bool) strategy.TakeResult {
+		t.Helper()
+		res, err := rs.Take(ctx, &strategy.Take{ID: id, Namespace: ratelimit.DefaultNamespace, Key: "k", Now: now, Cost: cost, Peek: peek, Logs: logs})
+		require.NoError(t, err)
+		return res
+	}
+	take("before", 1, false) // an entry the torn take finds in the log
+	take("torn-1", 3, false)
+
+	srv.kill()
+	file := aofTail(t, dir)
+	data, err := os.ReadFile(file)
+	require.NoError(t, err)
+	exec := []byte("*1\r\n$4\r\nEXEC\r\n")
+	i := bytes.LastIndex(data, exec)
+	require.Positive(t, i, "the take's writes are one MULTI/EXEC block in %s", file)
+	require.NoError(t, os.Truncate(file, int64(i+len(exec)-4)))
+
+	srv.restart() // loads the cut file: the take is lost
+	ready := func() bool {
+		ctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		return c.Set(ctx, "torn:ready", "1", time.Minute).Err() == nil
+	}
+	require.True(t, pollUntil(10*time.Second, ready))
+	for _, l := range take("", 0, true).Logs {
+		require.Equal(t, int64(1), l.Count, "the cut file holds the first take only")
+	}
+	take("torn-1", 3, false) // the re-send, applied
+	take("after", 2, false)  // and another take
+
+	srv.restart() // loads the torn block with the re-send's
+	require.True(t, pollUntil(10*time.Second, ready))
+	for j, l := range take("", 0, true).Logs {
+		require.Equal(t, int64(6), l.Count, "log %d: the torn take counted twice", j)
+	}
+}
+
 // aofTail returns the append-only file Redis appends to in dir: the last
 // INCR file of Redis 7's multi-part AOF, or the single file before it.
 func aofTail(t *testing.T, dir string) string {

@@ -252,3 +252,31 @@ func BenchmarkSingleDiffRatio(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTakeLog measures a synchronous-mode take on one key's sliding
+// log at its steady state: a log of Max entries within its window, so that
+// each take lets the oldest entry go and adds one (Max 100 and 1,000).
+func BenchmarkTakeLog(b *testing.B) {
+	c := benchClient(b)
+	for _, max := range []int64{100, 1000} {
+		b.Run(fmt.Sprint("max=", max), func(b *testing.B) {
+			s := newStore(b, c, Options{KeyPrefix: uniquePrefix(b), Shards: 1})
+			ctx := context.Background()
+			logs := []strategy.TakeLog{{Window: time.Duration(max) * time.Millisecond, Max: max}}
+			now := int64(1_700_000_000_000)
+			take := func(i int) {
+				if _, err := s.Take(ctx, &strategy.Take{ID: "t" + strconv.Itoa(i), Namespace: "ns", Key: "k", Now: now + int64(i), Cost: 1, Logs: logs}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i := range int(max) {
+				take(i)
+			}
+			i := int(max)
+			for b.Loop() {
+				take(i)
+				i++
+			}
+		})
+	}
+}

@@ -140,8 +140,11 @@
 // one bucket and no log, decided under a new ID, takes a path of its own:
 // a GET of the bucket, a SET NX GET that records the decision and tells
 // whether one was recorded before, and a SET of the bucket. A sliding log is
-// a list of "<at> <cost> <id>" entries, oldest first, read whole by each
-// take (at most 2*max entries) and written back by what changed.
+// a sorted set of entries named "<cost> <take ID>" and scored by their
+// instant (plus a fraction that keeps one instant's entries in order),
+// read whole by each take (at most 2*max entries) and written back by ZREM
+// and ZADD of the entries that changed: writes that a replayed append-only
+// file block repeats harmlessly (see lua/take.lua).
 //
 // # Errors
 //

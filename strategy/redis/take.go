@@ -144,8 +144,8 @@ func (s *Store) takeArgs(t *strategy.Take) []any {
 	return args
 }
 
-// logKey returns the key of a sliding log: a list of entries "<at> <cost>
-// <id>", oldest first (see lua/take.lua).
+// logKey returns the key of a sliding log: a sorted set of entries "<cost>
+// <id>" scored by their instant (see lua/take.lua).
 func logKey(prefix, key string, window time.Duration) string {
 	return prefix + "sl:" + strconv.FormatInt(window.Milliseconds(), 10) + ":" + key
 }

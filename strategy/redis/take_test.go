@@ -136,3 +136,50 @@ func TestBucketsMatchMemoryRedis(t *testing.T) {
 	noLeaks(t)
 	testBucketsMatchMemory(t, realClient(t))
 }
+
+// TestTakeReadsListLogs: a sliding log that an earlier version wrote as a
+// list of "<at> <cost> <id>" entries is read as such by the next take,
+// which rewrites it as a sorted set; entries that are not entries are
+// dropped.
+func TestTakeReadsListLogs(t *testing.T) {
+	for name, c := range map[string]goredis.UniversalClient{"redis": realClient(t), "miniredis": func() goredis.UniversalClient { _, c := miniClient(t); return c }()} {
+		t.Run(name, func(t *testing.T) {
+			s := newStore(t, c, Options{KeyPrefix: uniquePrefix(t), Shards: 1})
+			ctx := context.Background()
+			const now = 1_700_000_000_000
+			key := logKey(s.shardPrefixes("ns")[0], "k", time.Minute)
+			require.NoError(t, c.RPush(ctx, key, fmt.Sprint(now-2000, " 2 a"), "junk", fmt.Sprint(now-1000, " 3 b")).Err())
+			logs := []strategy.TakeLog{{Window: time.Minute, Max: 10}}
+			res, err := s.Take(ctx, &strategy.Take{ID: "c", Namespace: "ns", Key: "k", Now: now, Cost: 1, Logs: logs})
+			require.NoError(t, err)
+			require.True(t, res.Allowed)
+			require.Equal(t, int64(6), res.Logs[0].Count)
+			require.Equal(t, "zset", c.Type(ctx, key).Val())
+			// The entries keep their instants: the oldest leaves the window first.
+			res, err = s.Take(ctx, &strategy.Take{Namespace: "ns", Key: "k", Now: now - 2000 + time.Minute.Milliseconds(), Peek: true, Logs: logs})
+			require.NoError(t, err)
+			require.Equal(t, int64(4), res.Logs[0].Count)
+		})
+	}
+}
+
+// TestTakeLogOrderWithinAnInstant: entries of one instant are taken back
+// newest first, as the memory store does, however their members sort.
+func TestTakeLogOrderWithinAnInstant(t *testing.T) {
+	s := newStore(t, realClient(t), Options{KeyPrefix: uniquePrefix(t), Shards: 1})
+	ctx := context.Background()
+	const now = 1_700_000_000_000
+	logs := []strategy.TakeLog{{Window: time.Minute, Max: 100}}
+	// IDs and costs that sort against the order of arrival.
+	for i, id := range []string{"z", "y", "x", "w"} {
+		_, err := s.Take(ctx, &strategy.Take{ID: id, Namespace: "ns", Key: "k", Now: now, Cost: int64(9 - i), Logs: logs})
+		require.NoError(t, err)
+	}
+	// A refund of 7 empties w (6) and takes 1 from x (7 -> 6); the node's
+	// answer "rejected" for x then removes what x holds.
+	_, err := s.Take(ctx, &strategy.Take{Namespace: "ns", Key: "k", Now: now, Cost: 7, Refund: true, Logs: logs})
+	require.NoError(t, err)
+	res, err := s.Take(ctx, &strategy.Take{ID: "x", Namespace: "ns", Key: "k", Now: now, Cost: 7, Answered: strategy.AnsweredRejected, Logs: logs})
+	require.NoError(t, err)
+	require.Equal(t, int64(9+8), res.Logs[0].Count)
+}

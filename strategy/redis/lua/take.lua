@@ -16,16 +16,28 @@
 -- It returns 1 (allowed) or 0, every bucket's state ("<tat> <interval>",
 -- false for none), then every log's count, fits and empty (strategy.LogState).
 --
--- A log is a list of entries "<at> <cost> <id>", oldest first. A take
--- reads it whole (at most 2*max entries) and writes back what changed: the
--- entries that left the window (LTRIM), the entries taken back from the
--- end (the same LTRIM), the newest entry when it changed (LSET), new ones
--- (RPUSH); a removal from the middle rewrites the list.
+-- A log is a sorted set: an entry is the member "<cost> <id>", its score
+-- its instant (Unix ms, less EPOCH) plus a fraction (a multiple of STEP
+-- below a half) that keeps the entries of one instant in the order they
+-- were added, oldest first; past 2,048 entries in one instant, the newest
+-- tie and sort by member. A take reads it whole (at most 2*max entries) and
+-- writes back what changed, member by member: ZREM of the entries that
+-- left the window, were taken back or changed, ZADD of new and changed
+-- ones. Every write names its entry, so applying a take's writes twice
+-- leaves what applying them once does. That matters after a crash: Redis
+-- 7.0 replays an append-only file's torn MULTI/EXEC block together with
+-- the next block, which may be the re-send of the same take (a list
+-- written with RPUSH then held the entry twice). An entry decided without
+-- a take ID is named "<cost> \0<at>.<n>" instead. A log left as a list
+-- by an earlier version is read as such and rewritten as a sorted set.
 
 local now, cost, mode, id = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local retention, minRecord, margin = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local nb, nl = tonumber(ARGV[8]), tonumber(ARGV[9])
 local DECIDE, PEEK, REFUND, ADMITTED, REJECTED = 0, 1, 2, 3, 4
+-- A log entry's score (see above): exact for instants within 2^41 ms of
+-- EPOCH (2020 to 2090), where a double has 12 bits left for the fraction.
+local EPOCH, STEP, MAXFRAC = 1600000000000, 1 / 4096, 2047 / 4096
 bucketing()
 
 -- bucketFits is strategy.BucketFits: the time the bucket owes, max(tat -
@@ -82,28 +94,73 @@ for j = 1, nl do
 end
 
 -- The sliding log's operations (internal/slidelog), defined only for a
--- take that has logs. Entries are {at, cost, id}. base counts the leading
--- entries that match the stored list once trim entries are cut from its
--- head and pop from its tail; entries after base are new.
-local loadLog, prune, count, addEntry, removeEntry, takeBackEntries
+-- take that has logs. Entries are {at, cost, id, member, score}: member
+-- and score are what the set holds for an entry read from it (nil for a
+-- new one).
+local loadLog, idOf, prune, count, addEntry, removeEntry, takeBackEntries
 if nl > 0 then
-  loadLog = function(key)
-    local g = {key = key, entries = {}, base = 0, trim = 0, pop = 0, setlast = false, rewrite = false}
-    local raw = redis.pcall('LRANGE', key, 0, -1)
+  -- score reads a score as Redis writes it ("%.17g"), or as miniredis
+  -- does ("1e+11": gopher-lua's tonumber wants a point before the
+  -- exponent).
+  local function score(x)
+    return tonumber(x) or tonumber((string.gsub(x, '^(%-?%d+)([eE])', '%1.0%2')))
+  end
+  -- readEntries parses a sorted set's members and scores, or (old) a
+  -- list's "<at> <cost> <id>" entries; it returns nil for anything else.
+  -- An entry read from the set learns its id only when it needs it (idOf).
+  local function readEntries(g, raw, old)
     if type(raw) ~= 'table' or raw.err then
-      g.rewrite = true -- another type: replaced
-      return g
+      return nil
     end
-    for _, e in ipairs(raw) do
-      local at, c, eid = string.match(e, '^(%S+) (%S+) (.*)$')
-      at, c = tonumber(at), tonumber(c)
-      if at and c then
-        g.entries[#g.entries + 1] = {at = at, cost = c, id = eid}
+    local es = {}
+    for i = 1, #raw, old and 1 or 2 do
+      local e
+      if old then
+        local at, c, eid = string.match(raw[i], '^(%S+) (%S+) (.*)$')
+        at, c = tonumber(at), tonumber(c)
+        if at and c then
+          e = {at = at, cost = c, id = eid}
+        end
+      else
+        local sp = string.find(raw[i], ' ', 1, true)
+        local c, sc = sp and tonumber(string.sub(raw[i], 1, sp - 1)), tonumber(raw[i + 1]) or score(raw[i + 1])
+        if c and sc then
+          e = {at = EPOCH + math.floor(sc), cost = c, member = raw[i], score = sc, cost0 = c}
+        end
+      end
+      if e then
+        es[#es + 1] = e
       else
         g.rewrite = true -- not an entry: dropped
       end
     end
-    g.base = #g.entries
+    return es
+  end
+  idOf = function(e)
+    if not e.id then
+      e.id = string.match(e.member, '^%S+ (.*)$')
+      if string.byte(e.id, 1) == 0 then
+        e.id = '' -- decided without a take ID
+      end
+    end
+    return e.id
+  end
+  loadLog = function(key)
+    local g = {key = key, rewrite = false}
+    g.entries = readEntries(g, redis.pcall('ZRANGE', key, 0, -1, 'WITHSCORES'), false)
+    if not g.entries then
+      g.rewrite = true -- a list of an earlier version, or another type
+      g.entries = readEntries(g, redis.pcall('LRANGE', key, 0, -1), true) or {}
+    end
+    g.read = {}
+    for i, e in ipairs(g.entries) do
+      if g.rewrite then -- written anew after a DEL
+        e.id = e.id or idOf(e)
+        e.member, e.score = nil, nil
+      else
+        g.read[i] = e
+      end
+    end
     return g
   end
   -- slidelog.Log.Prune
@@ -118,8 +175,6 @@ if nl > 0 then
         kept[#kept + 1] = es[j]
       end
       g.entries = kept
-      g.trim = g.trim + i
-      g.base = g.base - i
     end
   end
   -- slidelog.Log.Count
@@ -129,12 +184,6 @@ if nl > 0 then
       s = s + e.cost
     end
     return s
-  end
-  -- changedLast notes that the newest entry changed.
-  local function changedLast(g)
-    if #g.entries <= g.base then
-      g.setlast = true
-    end
   end
   -- slidelog.Log.Add
   addEntry = function(g, max)
@@ -146,7 +195,6 @@ if nl > 0 then
       if n >= 2 * math.max(max, 1) then
         last.cost = last.cost + cost
         last.at = at
-        changedLast(g)
         return
       end
     end
@@ -155,9 +203,8 @@ if nl > 0 then
   -- slidelog.Log.Remove
   removeEntry = function(g)
     for i, e in ipairs(g.entries) do
-      if e.id == id then
+      if idOf(e) == id then
         table.remove(g.entries, i)
-        g.rewrite = true
         return
       end
     end
@@ -169,14 +216,9 @@ if nl > 0 then
       local last = es[#es]
       if last.cost > c then
         last.cost = last.cost - c
-        changedLast(g)
         return
       end
       c = c - last.cost
-      if #es <= g.base then
-        g.pop = g.pop + 1
-        g.base = g.base - 1
-      end
       es[#es] = nil
     end
   end
@@ -343,6 +385,71 @@ else
   end
 end
 
+-- writeLog writes log g back (see the top of the file): ZREM of every
+-- member read that no entry keeps, ZADD of every entry that is new or
+-- changed (its member, its score or both), then the TTL.
+local function writeLog(g, window)
+  local es = g.entries
+  if g.rewrite then
+    redis.call('DEL', g.key)
+  end
+  local adds, used = {}, nil
+  local prev -- the score of the entry before
+  for _, e in ipairs(es) do
+    local base = e.at - EPOCH
+    local sc
+    if e.score and math.floor(e.score) == base and (not prev or e.score > prev) then
+      sc = e.score -- where it was
+    elseif prev and math.floor(prev) == base then
+      sc = math.min(prev + STEP, base + MAXFRAC) -- after the one before
+    else
+      sc = base
+    end
+    prev = sc
+    local m = e.member
+    if not m or e.cost ~= e.cost0 then
+      if idOf(e) ~= '' then
+        m = str(e.cost) .. ' ' .. e.id
+      else
+        if not used then -- the members an unnamed entry must not take
+          used = {}
+          for _, r in ipairs(g.read) do
+            used[r.member] = true
+          end
+        end
+        local n, name = 0, str(e.cost) .. ' \0' .. str(e.at) .. '.'
+        m = name .. n
+        while used[m] do
+          n = n + 1
+          m = name .. n
+        end
+        used[m] = true
+      end
+    end
+    e.kept = m == e.member
+    if not e.kept or sc ~= e.score then
+      adds[#adds + 1] = str(sc)
+      adds[#adds + 1] = m
+    end
+  end
+  local rems = {}
+  for _, r in ipairs(g.read) do
+    if not r.kept then
+      rems[#rems + 1] = r.member
+    end
+  end
+  for i = 1, #rems, 1000 do
+    redis.call('ZREM', g.key, unpack(rems, i, math.min(i + 999, #rems)))
+  end
+  for i = 1, #adds, 2000 do
+    redis.call('ZADD', g.key, unpack(adds, i, math.min(i + 1999, #adds)))
+  end
+  if #es > 0 then
+    -- Kept until its newest entry leaves the window.
+    redis.call('PEXPIRE', g.key, math.max(1, es[#es].at + window - now + margin))
+  end
+end
+
 -- Write back what changed, and answer.
 local out = {allowed and 1 or 0}
 local written = {}
@@ -364,29 +471,7 @@ for _, l in ipairs(logs) do
   local es = g.entries
   if not g.done then
     g.done = true
-    if g.rewrite then
-      redis.call('DEL', g.key)
-      g.base = 0
-    elseif g.trim > 0 or g.pop > 0 then
-      redis.call('LTRIM', g.key, g.trim, -1 - g.pop)
-    end
-    local function enc(e)
-      return str(e.at) .. ' ' .. str(e.cost) .. ' ' .. e.id
-    end
-    if g.setlast and g.base > 0 then
-      redis.call('LSET', g.key, -1, enc(es[g.base]))
-    end
-    for i = g.base + 1, #es, 1000 do
-      local batch = {}
-      for k = i, math.min(i + 999, #es) do
-        batch[#batch + 1] = enc(es[k])
-      end
-      redis.call('RPUSH', g.key, unpack(batch))
-    end
-    if #es > 0 then
-      -- Kept until its newest entry leaves the window.
-      redis.call('PEXPIRE', g.key, math.max(1, es[#es].at + l.window - now + margin))
-    end
+    writeLog(g, l.window)
   end
   -- slidelog.Log.State
   local total = count(g)
