@@ -23,12 +23,11 @@ func (ns *Namespace) decideBucket(ctx context.Context, d *Decision, key string, 
 	s := &st[0]
 	s.kind, s.idx, s.size = kindBucket, i, ns.sizeMS[i]
 	s.setBucket(ns, l, i)
-	if ns.cold != nil && !s.bt.Holds(stored) {
+	now := ns.now()
+	if !s.tryBucketIfHeld(stored, now, cost, count, ns.cold == nil) {
 		return ns.decideAny(ctx, d, key, cost, limits, count) // cold: read first
 	}
 	key = stored
-	now := ns.now()
-	s.tryBucket(key, now, cost, count)
 	if count && !s.fits && l.Penalty {
 		s.chargeBucket(key, now, cost)
 	}

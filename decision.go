@@ -787,15 +787,30 @@ func (s *lstate) setBucket(ns *Namespace, l *Limit, i int) {
 // tryBucket judges the request on the token bucket of s, spending its cost
 // when it fits and count is set.
 func (s *lstate) tryBucket(key string, now, cost int64, count bool) {
+	s.tryBucketIfHeld(key, now, cost, count, true)
+}
+
+// tryBucketIfHeld is tryBucket, on a bucket the table holds unless create
+// is set: it reports false, having done nothing, when the table holds none.
+func (s *lstate) tryBucketIfHeld(key string, now, cost int64, count, create bool) bool {
 	mode := shm.Peek
 	if count {
 		mode = shm.SpendIfFits
 	}
-	s.tat0, s.fits, s.spent = s.bt.Try(key, now, s.interval, s.burst, cost, mode)
+	held := true
+	if create {
+		s.tat0, s.fits, s.spent = s.bt.Try(key, now, s.interval, s.burst, cost, mode)
+	} else {
+		s.tat0, s.fits, s.spent, held = s.bt.TryIfHeld(key, now, s.interval, s.burst, cost, mode)
+	}
+	if !held {
+		return false
+	}
 	s.tat = s.tat0
 	if s.spent {
 		s.tat = bucketAfter(s.tat0, now, s.interval, cost)
 	}
+	return true
 }
 
 // chargeBucket spends a rejected request's cost on the token bucket of s,

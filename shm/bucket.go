@@ -244,6 +244,33 @@ func (b *Buckets) lookup(key string) *bucket {
 // Holds reports whether the table holds a bucket for key.
 func (b *Buckets) Holds(key string) bool { return b.lookup(key) != nil }
 
+// testHookFound, when set (by tests), runs between finding a bucket or log
+// and locking it: where a concurrent eviction may remove it.
+var testHookFound func()
+
+// locked returns key's bucket locked, creating it when missing if create
+// is set (else nil when missing). A bucket found is removed only under its
+// lock (remove), maybe between the lookup and the lock: one found dead is
+// looked up again, so no spend goes into a bucket the table has dropped.
+func (b *Buckets) locked(key string, now int64, create bool) *bucket {
+	for {
+		var bk *bucket
+		if create {
+			bk = b.get(key, now)
+		} else if bk = b.lookup(key); bk == nil {
+			return nil
+		}
+		if testHookFound != nil {
+			testHookFound()
+		}
+		bk.mu.Lock()
+		if bk.flags.Load()&bflagDead == 0 {
+			return bk
+		}
+		bk.mu.Unlock()
+	}
+}
+
 // makeRoom removes one bucket from a full shard: the first the CLOCK hand
 // meets that is full with nothing to push, or not used since the hand last
 // passed (an eviction). A bucket in a push in flight is never removed. The
@@ -391,8 +418,22 @@ const (
 // interval) and whether the request fits, and spends the cost as mode says.
 // The bucket is created when missing.
 func (b *Buckets) Try(key string, now int64, interval float64, burst, cost int64, mode TryMode) (tat float64, fits bool, spent bool) {
-	bk := b.get(key, now)
-	bk.mu.Lock()
+	tat, fits, spent, _ = b.try(key, now, interval, burst, cost, mode, true)
+	return tat, fits, spent
+}
+
+// TryIfHeld is Try on a bucket the table holds: it does nothing and
+// returns held false when the table holds none for key (one lookup, where
+// Holds then Try take two).
+func (b *Buckets) TryIfHeld(key string, now int64, interval float64, burst, cost int64, mode TryMode) (tat float64, fits, spent, held bool) {
+	return b.try(key, now, interval, burst, cost, mode, false)
+}
+
+func (b *Buckets) try(key string, now int64, interval float64, burst, cost int64, mode TryMode, create bool) (tat float64, fits, spent, held bool) {
+	bk := b.locked(key, now, create)
+	if bk == nil {
+		return 0, false, false, false
+	}
 	bk.markUsed()
 	b.setInterval(bk, interval, now)
 	tat = b.view(bk, now)
@@ -402,13 +443,12 @@ func (b *Buckets) Try(key string, now int64, interval float64, burst, cost int64
 		spent = true
 	}
 	bk.mu.Unlock()
-	return tat, fits, spent
+	return tat, fits, spent, true
 }
 
 // Refund gives cost tokens back to key's bucket at now (never past full).
 func (b *Buckets) Refund(key string, now int64, interval float64, cost int64) {
-	bk := b.get(key, now)
-	bk.mu.Lock()
+	bk := b.locked(key, now, true)
 	bk.markUsed()
 	b.setInterval(bk, interval, now)
 	b.count(bk, strategy.RefundDiff(strategy.BucketID{}, cost, interval, now))

@@ -36,6 +36,7 @@ type logEntry struct {
 	key  string
 	ref  atomic.Bool
 	mu   sync.Mutex
+	dead bool         // removed from the table (guarded by mu)
 	log  slidelog.Log // guarded by mu
 	seqs []uint64     // seqs[i] identifies log.Entries[i] for Remove (guarded by mu)
 	// A store's answer (synchronous mode): a request of blockCost does not
@@ -110,16 +111,37 @@ func (l *Logs) get(key string, now int64) *logEntry {
 	return e
 }
 
+// locked returns key's log locked, created when missing. A log is removed
+// (makeRoom) maybe between the lookup and the lock: one found dead is looked
+// up again, so nothing is added to a log the table has dropped.
+func (l *Logs) locked(key string, now int64) *logEntry {
+	for {
+		e := l.get(key, now)
+		if testHookFound != nil {
+			testHookFound()
+		}
+		e.mu.Lock()
+		if !e.dead {
+			return e
+		}
+		e.mu.Unlock()
+	}
+}
+
 // makeRoom removes one log from a full shard: an empty one, or the first not
 // used since the walk last passed. The caller holds s.mu for writing.
 func (l *Logs) makeRoom(s *lshard, now int64) {
 	for pass := 0; pass < 2; pass++ {
 		for k, e := range s.m {
+			// Decided and marked under e.mu: what a Try adds before is in
+			// the log judged, and a Try after finds it dead.
 			e.mu.Lock()
 			e.prune(now, l.window)
 			empty := len(e.log.Entries) == 0
+			evict := empty || !e.ref.Load()
+			e.dead = evict
 			e.mu.Unlock()
-			if empty || !e.ref.Load() {
+			if evict {
 				if !empty {
 					l.evictions.Add(1)
 				}
@@ -148,8 +170,7 @@ type LogTicket uint64
 // fits, and adds the request when add is set and it fits, or when force is
 // set. The ticket names the added entry (0 when none was added).
 func (l *Logs) Try(key string, now, max, cost int64, add, force bool) (st strategy.LogState, fits bool, ticket LogTicket) {
-	e := l.get(key, now)
-	e.mu.Lock()
+	e := l.locked(key, now)
 	defer e.mu.Unlock()
 	e.prune(now, l.window)
 	st = e.log.State(now, l.window, max, cost)
@@ -174,8 +195,7 @@ func (l *Logs) Remove(key string, ticket LogTicket, cost int64) {
 	if ticket == 0 {
 		return
 	}
-	e := l.get(key, 0)
-	e.mu.Lock()
+	e := l.locked(key, 0)
 	defer e.mu.Unlock()
 	for i, s := range e.seqs {
 		if s != uint64(ticket) {
@@ -193,8 +213,7 @@ func (l *Logs) Remove(key string, ticket LogTicket, cost int64) {
 
 // TakeBack takes cost back from the newest entries of key's log (Refund).
 func (l *Logs) TakeBack(key string, now, cost int64) {
-	e := l.get(key, now)
-	e.mu.Lock()
+	e := l.locked(key, now)
 	defer e.mu.Unlock()
 	e.log.TakeBack(cost)
 	e.seqs = e.seqs[:len(e.log.Entries)]
@@ -221,8 +240,7 @@ func (l *Logs) State(key string, now, max, cost int64) (strategy.LogState, bool)
 // other nodes only add entries. Synchronous mode answers such requests from
 // memory (its circuit breaker).
 func (l *Logs) Block(key string, now, cost int64, st strategy.LogState) {
-	e := l.get(key, now)
-	e.mu.Lock()
+	e := l.locked(key, now)
 	e.blockCost, e.block = cost, st
 	e.mu.Unlock()
 }

@@ -1,0 +1,90 @@
+package shm
+
+import (
+	"hash/maphash"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// evictOnFind makes the next lookup of a bucket or log run evict before
+// the caller locks what it found: the window a concurrent eviction hits.
+func evictOnFind(t *testing.T, evict func()) {
+	t.Helper()
+	armed := true
+	testHookFound = func() {
+		if armed {
+			armed = false
+			evict()
+		}
+	}
+	t.Cleanup(func() { testHookFound = nil })
+}
+
+// TestTryAfterEviction: a bucket evicted between Try's lookup and its lock
+// does not take the spend with it: Try finds the table's bucket again.
+func TestTryAfterEviction(t *testing.T) {
+	for _, track := range []bool{false, true} {
+		b, err := NewBuckets(BucketOptions{Period: time.Second, Track: track})
+		require.NoError(t, err)
+		const now, interval = 1_000_000, 100.0
+		b.Try("k", now, interval, 10, 1, SpendIfFits)
+		evictOnFind(t, func() {
+			s := &b.shards[maphash.String(b.seed, "k")&b.mask]
+			s.mu.Lock()
+			b.remove(s, s.find(maphash.String(b.seed, "k"), "k"))
+			s.mu.Unlock()
+		})
+		_, fits, spent := b.Try("k", now, interval, 10, 3, SpendIfFits)
+		require.True(t, fits && spent)
+		tat, held := b.View("k", now, interval)
+		require.True(t, held)
+		// Without Track the evicted bucket's spend is gone with it (the
+		// table forgets); the new spend is in the bucket held. With Track
+		// the first spend waits in the retired buckets for the next push.
+		require.Equal(t, float64(now)+3*interval, tat, "track %v", track)
+	}
+}
+
+// TestTryIfHeld: TryIfHeld spends on a bucket held, and on none otherwise.
+func TestTryIfHeld(t *testing.T) {
+	b, err := NewBuckets(BucketOptions{Period: time.Second})
+	require.NoError(t, err)
+	const now, interval = 1_000_000, 100.0
+	_, _, _, held := b.TryIfHeld("k", now, interval, 10, 1, SpendIfFits)
+	require.False(t, held)
+	require.False(t, b.Holds("k"))
+	b.Try("k", now, interval, 10, 1, SpendIfFits)
+	tat, fits, spent, held := b.TryIfHeld("k", now, interval, 10, 2, SpendIfFits)
+	require.True(t, held && fits && spent)
+	require.Equal(t, float64(now)+interval, tat)
+	tat, _ = b.View("k", now, interval)
+	require.Equal(t, float64(now)+3*interval, tat)
+	_, _, _, held = b.TryIfHeld("gone", now, interval, 10, 1, SpendAlways)
+	require.False(t, held)
+	require.Equal(t, 1, b.Len())
+	require.False(t, math.IsInf(tat, 0))
+}
+
+// TestLogTryAfterEviction: a log evicted between Try's lookup and its lock
+// does not take the added entry with it.
+func TestLogTryAfterEviction(t *testing.T) {
+	l, err := NewLogs(time.Minute, 0)
+	require.NoError(t, err)
+	const now = 1_000_000
+	l.Try("k", now, 10, 1, true, false)
+	evictOnFind(t, func() {
+		s := &l.shards[maphash.String(l.seed, "k")&l.mask]
+		s.mu.Lock()
+		l.makeRoom(s, now) // the shard's only log, its reference bit cleared then evicted
+		s.mu.Unlock()
+		require.Empty(t, s.m)
+	})
+	_, fits, _ := l.Try("k", now, 10, 3, true, false)
+	require.True(t, fits)
+	st, held := l.State("k", now, 10, 0)
+	require.True(t, held)
+	require.Equal(t, int64(3), st.Count)
+}
