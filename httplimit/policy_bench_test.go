@@ -25,7 +25,9 @@ import (
 // policy minus rules (same routing work), or policy minus default-only (New
 // without rules: no routing, no key prefix), or policy minus
 // default-only+lookup (default-only after one lookup of the key in a Go map
-// of the 100,000 override keys: the least a per-key override can cost).
+// of the 100,000 override keys: the least a per-key override can cost), or
+// policy minus default-only+lookup+route (also one lookup of the request's
+// route in a Go map of the 500 routes: the least route rules add).
 func BenchmarkPolicyMiddleware(b *testing.B) {
 	const huge = 1 << 40
 	lim := []ratelimit.Limit{{Window: time.Minute, Max: huge}}
@@ -146,6 +148,22 @@ func BenchmarkPolicyMiddleware(b *testing.B) {
 			h.ServeHTTP(w, r)
 		})
 	}
+	// withRoute is withLookup behind the least a route rule costs besides:
+	// one lookup of the request's method and path in a Go map of the 500
+	// routes (its answer is kept, unused).
+	routes := make(map[string]int, len(reqs))
+	for i, r := range reqs {
+		routes[r.Method+" "+r.URL.Path] = i
+	}
+	withRoute := func(b *testing.B) http.Handler {
+		h := withLookup(b)
+		var line []byte
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			line = append(append(append(line[:0], r.Method...), ' '), r.URL.Path...)
+			found += routes[string(line)]
+			h.ServeHTTP(w, r)
+		})
+	}
 	variants := []struct {
 		name string
 		make func(*testing.B) http.Handler
@@ -155,6 +173,7 @@ func BenchmarkPolicyMiddleware(b *testing.B) {
 		{"policy-default-only", withPolicy(small)},
 		{"policy", withPolicy(snap)},
 		{"default-only+lookup", withLookup},
+		{"default-only+lookup+route", withRoute},
 	}
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
@@ -213,6 +232,7 @@ func BenchmarkPolicyMiddleware(b *testing.B) {
 			b.ReportMetric(per(3)-per(0), "overhead-default-only-ns/req")
 			b.ReportMetric(per(3)-per(1), "overhead-rules-ns/req")
 			b.ReportMetric(per(3)-per(4), "overhead-lookup-ns/req")
+			b.ReportMetric(per(3)-per(5), "overhead-lookup-route-ns/req")
 			b.ReportMetric(0, "ns/op")
 		})
 	}
