@@ -101,8 +101,14 @@ func (s *slot) clamp() {
 	}
 }
 
+// testHookView, when set (by tests), runs between view's two loads.
+var testHookView func()
+
 func (s *slot) view() int64 {
 	sy := s.synced.Load()
+	if testHookView != nil {
+		testHookView()
+	}
 	if sy == unknown {
 		sy = 0
 	}
