@@ -190,7 +190,7 @@ func (ns *Namespace) readBuckets(ctx context.Context, key string, st []lstate) (
 	}
 	for k, st0 := range res.BucketReads {
 		s := &st[owners[k]]
-		s.bt.Learn(key, now, st0, true)
+		s.bt.LearnCold(key, now, st0)
 	}
 	return false
 }

@@ -104,8 +104,12 @@ type bucketExt struct {
 	key string // a key longer than inlineBucketKey
 	// Guarded by the bucket's mu, with Track:
 	synced strategy.BucketState
-	fresh  comp
-	flight comp
+	// learned is set once synced holds a state the store reported (an
+	// Ack, a synchronous answer or a cold read): a cold read, answered
+	// before it, must not overwrite it (see LearnCold).
+	learned bool
+	fresh   comp
+	flight  comp
 }
 
 // key returns bk's key.
@@ -481,7 +485,24 @@ func (b *Buckets) Learn(key string, now int64, st strategy.BucketState, create b
 		return // no store state to learn: a bucket is its TAT
 	}
 	bk.mu.Lock()
-	bk.ext.synced = st
+	bk.ext.synced, bk.ext.learned = st, true
+	bk.mu.Unlock()
+}
+
+// LearnCold records what a cold read found for key's bucket, creating the
+// bucket when missing, unless the bucket learned a state already: then a
+// sync (or another cold read) learned one at least as recent, and this one,
+// read before it, may miss spends that sync confirmed (and took out of the
+// bucket's unpushed spends).
+func (b *Buckets) LearnCold(key string, now int64, st strategy.BucketState) {
+	if !b.track {
+		b.get(key, now)
+		return
+	}
+	bk := b.locked(key, now, true)
+	if !bk.ext.learned {
+		bk.ext.synced, bk.ext.learned = st, true
+	}
 	bk.mu.Unlock()
 }
 
@@ -568,7 +589,7 @@ func (b *Buckets) Ack(bb *BucketBatch, diffs, reads []strategy.BucketState) {
 		bk.mu.Lock()
 		bk.ext.flight = identity
 		bk.flags.And(^bflagInFlight)
-		bk.ext.synced = diffs[i]
+		bk.ext.synced, bk.ext.learned = diffs[i], true
 		dead := bk.flags.Load()&bflagDead != 0 && bk.ext.fresh.isIdentity()
 		bk.mu.Unlock()
 		if dead {
@@ -580,7 +601,7 @@ func (b *Buckets) Ack(bb *BucketBatch, diffs, reads []strategy.BucketState) {
 	for i, bk := range bb.readRefs {
 		bk.mu.Lock()
 		if bk.flags.Load()&bflagInFlight == 0 {
-			bk.ext.synced = reads[i]
+			bk.ext.synced, bk.ext.learned = reads[i], true
 		}
 		bk.mu.Unlock()
 	}

@@ -104,15 +104,21 @@ func (s *slot) clamp() {
 // testHookView, when set (by tests), runs between view's two loads.
 var testHookView func()
 
+// view returns synced + local. It loads local first: Ack stores the new
+// total in synced before it takes the pushed hits out of local, so a local
+// that no longer holds them is always read with the synced that does. Loaded
+// the other way round, a view spanning an Ack (old synced, new local) counts
+// the pushed hits zero times.
 func (s *slot) view() int64 {
-	sy := s.synced.Load()
+	l := s.local.Load()
 	if testHookView != nil {
 		testHookView()
 	}
+	sy := s.synced.Load()
 	if sy == unknown {
 		sy = 0
 	}
-	return sy + s.local.Load()
+	return sy + l
 }
 
 // pair holds the current and previous window of one size. The window starting
