@@ -167,6 +167,10 @@ func BenchmarkSyncScale(b *testing.B) {
 				for _, proto := range []string{"old", "changes"} {
 					b.Run(fmt.Sprintf("%s/keys=%d/changed=%d%%/%s", be.name, keys, pct, proto), func(b *testing.B) {
 						st, client, wire := be.store(b)
+						var prof *cycleProfile
+						if client != nil && os.Getenv("RATELIMIT_BENCH_PROFILE") != "" {
+							prof = &cycleProfile{}
+						}
 						if proto == "old" {
 							st = oldProtocol{st}
 						}
@@ -216,6 +220,9 @@ func BenchmarkSyncScale(b *testing.B) {
 								}
 							}
 							var u0, w0 int64
+							if prof != nil {
+								prof.start(b, client)
+							}
 							if client != nil {
 								u0, w0 = redisUsec(b, client), wire.Load()
 							}
@@ -228,7 +235,13 @@ func BenchmarkSyncScale(b *testing.B) {
 								usec += redisUsec(b, client) - u0
 								bytes += wire.Load() - w0
 							}
+							if prof != nil {
+								prof.stop(b, client)
+							}
 							b.StartTimer()
+						}
+						if prof != nil {
+							prof.report(b)
 						}
 						if client != nil {
 							b.ReportMetric(float64(usec)/float64(b.N)/1000, "redis-ms/cycle")
