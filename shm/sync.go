@@ -221,6 +221,18 @@ func (t *Table) CollectSome(now int64, reads bool, b *Batch, max int) (done bool
 	return true
 }
 
+// PassShare reports how far a pass of CollectSome that is not done has
+// gone: the shards it has collected, of all the table's. Keys spread evenly
+// over the shards, so a caller can extrapolate from what the pass collected
+// so far what the whole pass will. Between passes (CollectSome reported
+// done, or Rewind ran) collected is 0.
+func (t *Table) PassShare() (collected, shards int) {
+	if t.cursor == 0 {
+		return 0, len(t.shards)
+	}
+	return min(t.cursor-1, len(t.shards)), len(t.shards)
+}
+
 // retiredLen returns the number of retired records.
 func (t *Table) retiredLen() int {
 	t.retMu.Lock()
