@@ -14,12 +14,14 @@ import (
 // cycleProfile breaks a timed sync cycle's Redis time down, for
 // BenchmarkSyncScale with RATELIMIT_BENCH_PROFILE set (on a Redis of the
 // benchmark's own: it resets the server's statistics and slow log around
-// each cycle). The slow log (every command logged) gives the time of each
-// top-level command, the scripts told apart as pushes (a KEYS[1] batch-part
-// id) and watches; INFO commandstats gives the commands the scripts call.
+// each cycle). The slow log (every command logged, a script's calls
+// included) gives the time of each command, the scripts told apart as
+// pushes (a KEYS[1] batch-part id) and watches, ZADDs by key (the change
+// log, :l, or the markers, :m) and size; INFO commandstats gives the same
+// per command name.
 type cycleProfile struct {
 	cycles int
-	top    map[string]*profStat // per top-level command (slow log)
+	top    map[string]*profStat // per command (slow log), scripts told apart
 	nested map[string]*profStat // per command (commandstats, scripts' calls included)
 	// per cycle: commandstats usec summed as BenchmarkSyncScale sums them
 	// (a script's calls counted in the script and on their own), and the
@@ -49,13 +51,13 @@ func (p *cycleProfile) start(b *testing.B, c *goredis.Client) {
 
 func (p *cycleProfile) stop(b *testing.B, c *goredis.Client) {
 	ctx := context.Background()
+	if p.cycles == 1 {
+		// The first cycle on its own (its pass-diff estimate is that of
+		// the settled cycles before it), then the rest.
+		p.first = p.String()
+	}
 	if p.top == nil || p.cycles == 1 {
-		// the first cycle (on its own: its pass-diff estimate is that of
-		// the settled cycles before it), then the rest
 		p.top, p.nested = map[string]*profStat{}, map[string]*profStat{}
-		if p.cycles == 1 {
-			p.first = p.String()
-		}
 	}
 	p.cycles++
 	add := func(m map[string]*profStat, k string, calls, usec int64) {
@@ -132,11 +134,16 @@ func (p *cycleProfile) report(b *testing.B) {
 	if p.cycles == 0 {
 		return
 	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n  per cycle, Redis ms (commandstats sum / top-level):")
+	for i := range p.sums {
+		fmt.Fprintf(&sb, " %.0f/%.0f", float64(p.sums[i])/1000, float64(p.tops[i])/1000)
+	}
 	if p.first != "" {
-		b.Logf("\n  first cycle:%s\n  the %d others:%s", p.first, p.cycles-1, p)
+		b.Logf("%s\n  first cycle:%s\n  the %d others:%s", sb.String(), p.first, p.cycles-1, p)
 		return
 	}
-	b.Log(p.String())
+	b.Logf("%s%s", sb.String(), p)
 }
 
 // String returns the breakdown since the maps were (re)made.
@@ -161,11 +168,7 @@ func (p *cycleProfile) String() string {
 			fmt.Fprintf(&sb, "\n    %-28s %8.1f calls %8.2f ms", k, float64(s.calls)/float64(cycles), float64(s.usec)/float64(cycles)/1000)
 		}
 	}
-	fmt.Fprintf(&sb, "\n  per cycle, Redis ms (commandstats sum / top-level):")
-	for i := range p.sums {
-		fmt.Fprintf(&sb, " %.0f/%.0f", float64(p.sums[i])/1000, float64(p.tops[i])/1000)
-	}
-	dump("top-level commands (slow log)", p.top)
+	dump("commands (slow log, scripts' calls included)", p.top)
 	dump("commandstats (scripts' calls included)", p.nested)
 	return sb.String()
 }
