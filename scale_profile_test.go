@@ -21,6 +21,7 @@ import (
 // per command name.
 type cycleProfile struct {
 	cycles int
+	saved  []any                // the slow log's settings before start, which stop restores
 	top    map[string]*profStat // per command (slow log), scripts told apart
 	nested map[string]*profStat // per command (commandstats, scripts' calls included)
 	// per cycle: commandstats usec summed as BenchmarkSyncScale sums them
@@ -37,6 +38,14 @@ type profStat struct {
 
 func (p *cycleProfile) start(b *testing.B, c *goredis.Client) {
 	ctx := context.Background()
+	cfg, err := c.ConfigGet(ctx, "slowlog-*").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	p.saved = []any{"config", "set"}
+	for k, v := range cfg {
+		p.saved = append(p.saved, k, v)
+	}
 	for _, args := range [][]any{
 		{"config", "set", "slowlog-log-slower-than", "0"},
 		{"config", "set", "slowlog-max-len", "1000000"},
@@ -93,6 +102,12 @@ func (p *cycleProfile) stop(b *testing.B, c *goredis.Client) {
 	entries, err := c.Do(ctx, "slowlog", "get", "-1").Slice()
 	if err != nil {
 		b.Fatal(err)
+	}
+	// Logging every command costs Redis too: only the profiled cycle does.
+	for _, args := range [][]any{p.saved, {"slowlog", "reset"}} {
+		if err := c.Do(ctx, args...).Err(); err != nil {
+			b.Fatal(err)
+		}
 	}
 	for _, e := range entries {
 		f, ok := e.([]any)
