@@ -287,18 +287,18 @@ func (ns *Namespace) syncTable(ctx context.Context, i int, now int64, reads, wat
 
 // passEstimate returns how many diffs the pass under way over t is expected
 // to push, from the diffs it collected so far (this push's included): their
-// count once the pass is done, else that count scaled by the share of t's
-// shards collected (keys spread evenly over them), or 0 before the first
-// shard (the retired records come first, and say nothing of the rest).
+// count once the pass is done, else those of retired records plus those of
+// t's shards scaled by the share of the shards collected (keys spread evenly
+// over them; the retired records come first, and say nothing of the rest).
 func passEstimate(t *shm.Table, diffs int, done bool) int {
 	if done {
 		return diffs
 	}
-	collected, shards := t.PassShare()
+	collected, shards, retired := t.PassShare()
 	if collected == 0 {
-		return 0
+		return diffs
 	}
-	return int(min(int64(diffs)*int64(shards)/int64(collected), math.MaxInt32))
+	return retired + int(min(int64(diffs-retired)*int64(shards)/int64(collected), math.MaxInt32))
 }
 
 // syncBuckets pushes the token buckets' unpushed spends and, with reads,

@@ -493,8 +493,9 @@ func TestPassShare(t *testing.T) {
 	for i := range keys {
 		tb.Add(fmt.Sprintf("k%d", i), 0, now, 1)
 	}
-	collected, shards := tb.PassShare()
+	collected, shards, retired := tb.PassShare()
 	require.Zero(t, collected)
+	require.Zero(t, retired)
 	require.Equal(t, 256, shards)
 	tb.Rewind()
 	var b Batch
@@ -502,7 +503,8 @@ func TestPassShare(t *testing.T) {
 	for {
 		done := tb.CollectSome(now, false, &b, 1000)
 		diffs += len(b.Diffs)
-		collected, _ := tb.PassShare()
+		collected, _, retired := tb.PassShare()
+		require.Zero(t, retired)
 		if done {
 			require.Zero(t, collected, "between passes")
 			break
@@ -514,4 +516,20 @@ func TestPassShare(t *testing.T) {
 		b.Reset()
 	}
 	require.Equal(t, keys, diffs)
+	tb.Release(&b)
+	b.Reset()
+
+	// Retired records come first, and are counted apart: they say nothing
+	// of the shards.
+	e := newEntry("gone")
+	tb.noteTime(now)
+	for i := range 500 {
+		tb.retire(counterRef{e: e, start: now + int64(i)*60_000}, 1, 0)
+	}
+	tb.Rewind()
+	require.False(t, tb.CollectSome(now, false, &b, 600))
+	collected, _, retired = tb.PassShare()
+	require.Equal(t, 500, retired)
+	require.Positive(t, collected)
+	tb.Release(&b)
 }
