@@ -61,9 +61,11 @@ func hitKeys(t *testing.T, ns *ratelimit.Namespace, from, n int) {
 }
 
 // TestPassDiffsFollowOwnPushes: a node tells the store, with every push of
-// a pass, how many diffs its previous watched pass pushed (at least the
-// push's own): the estimate of the pass that lets a store mark instead of
-// log under high churn. It follows the node's own pushes only, a pass late.
+// a pass, how many diffs the pass is expected to push (at least the push's
+// own): the larger of what its previous watched pass pushed and what this
+// pass pushed so far, extrapolated to the whole table. That lets a store
+// mark instead of log under high churn from the pass's first push. It
+// follows the node's own pushes only.
 func TestPassDiffsFollowOwnPushes(t *testing.T) {
 	clk := newDecClock(decEpoch.Add(10 * time.Second)) // far from a minute's end: no read-ahead
 	log := &passLog{Store: memory.New()}
@@ -78,17 +80,24 @@ func TestPassDiffsFollowOwnPushes(t *testing.T) {
 		require.NoError(t, a.Sync(ctx))
 		got = append(got, log.take())
 	}
-	// Pushes hold about 1,024 diffs (plus a shard's share): the first pass
-	// of 2,000 expects 20 and pushes twice, the next expects 2,000.
+	// Pushes hold about 1,024 counters, diffs and reads (plus a shard's
+	// share): a pass of 2,000 pushes at least twice, and its first push
+	// expects about 2,000 (its diffs over the share of the table's shards
+	// it collected; the keys are spread over the shards, not evenly: a few
+	// percent off); the pass of 20 after the 2,000s still expects 2,000
+	// (the previous pass's), the next about 20.
 	require.Equal(t, 2000, got[0])
-	require.Less(t, got[1], 2000)
-	require.Equal(t, []int{2000, 2000, 20}, got[2:])
+	require.InDelta(t, 2000, got[1], 200)
+	require.InDelta(t, 2000, got[2], 200)
+	require.GreaterOrEqual(t, got[3], 2000)
+	require.Less(t, got[4], 100)
 }
 
 // TestHighChurnMarks: on Redis, a node changing every key of a window, a
 // quarter per push, marks the window's versions instead of logging each
-// change (from its second such pass: the estimate lags a pass; and once more
-// in the pass after, which still expects many), and a node changing a few
+// change (from its first such pass: its first push extrapolates to the
+// whole table; and once more in the pass after, which still expects as many
+// as the pass before it pushed), and a node changing a few
 // keys of a large window every cycle, all of them new to it (so that they
 // are all the keys it holds), never marks: the store weighs the pass against
 // the window. Another node holding the keys still learns every change.
@@ -130,7 +139,7 @@ func TestHighChurnMarks(t *testing.T) {
 	for _, n := range []int{20, 4000, 4000, 20, 20} {
 		marked = append(marked, cycle(a, 0, n))
 	}
-	require.Equal(t, []bool{false, false, true, true, false}, marked, "a's cycles that marked")
+	require.Equal(t, []bool{false, true, true, true, false}, marked, "a's cycles that marked")
 	marked = marked[:0]
 	for i := range 5 {
 		marked = append(marked, cycle(c, 4000+100*i, 100)) // new keys, all c holds

@@ -6,6 +6,7 @@ import (
 	"iter"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -85,7 +86,9 @@ func redisUsec(b *testing.B, c *goredis.Client) int64 {
 // as much again on another node), with the old protocol (every held key read
 // each cycle) and with change logs (watches), side by side in one run. It
 // reports per cycle the store's CPU (Redis: INFO commandstats) and the wire
-// bytes (Redis), and the cycle's duration as ns/op. RATELIMIT_BENCH_KEYS
+// bytes (Redis), and the cycle's duration as ns/op, with the medians of the
+// cycles' durations (p50-ms) and Redis CPU (redis-p50-ms), which a shared
+// machine moves less than the means. RATELIMIT_BENCH_KEYS
 // sets the keys held (default 100000) and RATELIMIT_BENCH_CHANGED the shares
 // changed, in percent (default 0,1,100).
 //
@@ -167,6 +170,10 @@ func BenchmarkSyncScale(b *testing.B) {
 				for _, proto := range []string{"old", "changes"} {
 					b.Run(fmt.Sprintf("%s/keys=%d/changed=%d%%/%s", be.name, keys, pct, proto), func(b *testing.B) {
 						st, client, wire := be.store(b)
+						var prof *cycleProfile
+						if client != nil && os.Getenv("RATELIMIT_BENCH_PROFILE") != "" {
+							prof = &cycleProfile{}
+						}
 						if proto == "old" {
 							st = oldProtocol{st}
 						}
@@ -202,6 +209,9 @@ func BenchmarkSyncScale(b *testing.B) {
 						}
 						changed := keys * pct / 100
 						var usec, bytes int64
+						// Per cycle, for the medians: the machine may be
+						// shared, and one slow cycle moves a mean of ten.
+						var walls, redisMS []float64
 						b.ResetTimer()
 						for i := range b.N {
 							b.StopTimer()
@@ -216,27 +226,54 @@ func BenchmarkSyncScale(b *testing.B) {
 								}
 							}
 							var u0, w0 int64
+							if prof != nil {
+								prof.start(b, client)
+							}
 							if client != nil {
 								u0, w0 = redisUsec(b, client), wire.Load()
 							}
 							b.StartTimer()
+							t0 := time.Now()
 							if err := here.Sync(ctx); err != nil {
 								b.Fatal(err)
 							}
+							walls = append(walls, float64(time.Since(t0))/1e6)
 							b.StopTimer()
 							if client != nil {
-								usec += redisUsec(b, client) - u0
+								u := redisUsec(b, client) - u0
+								usec += u
+								redisMS = append(redisMS, float64(u)/1000)
 								bytes += wire.Load() - w0
 							}
+							if prof != nil {
+								prof.stop(b, client)
+							}
 							b.StartTimer()
+						}
+						if prof != nil {
+							prof.report(b)
 						}
 						if client != nil {
 							b.ReportMetric(float64(usec)/float64(b.N)/1000, "redis-ms/cycle")
 							b.ReportMetric(float64(bytes)/float64(b.N)/1e6, "wire-MB/cycle")
+							b.ReportMetric(median(redisMS), "redis-p50-ms")
 						}
+						b.ReportMetric(median(walls), "p50-ms")
 					})
 				}
 			}
 		}
 	}
+}
+
+// median returns the median of xs (which it sorts), 0 for none.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	slices.Sort(xs)
+	if n := len(xs); n%2 == 0 {
+		return (xs[n/2-1] + xs[n/2]) / 2
+	}
+	return xs[len(xs)/2]
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -222,18 +223,20 @@ func (ns *Namespace) syncTable(ctx context.Context, i int, now int64, reads, wat
 	t := ns.tables[i]
 	t.Rewind()
 	// Each push tells the store how many diffs the whole pass is expected
-	// to push (what the last regular cycle pushed, with the early cycles
-	// before it: a burst of evictions runs early cycles that push part of
-	// the churn, see runCycle): a store with change logs
-	// then marks a window's versions instead of logging each change when
-	// the pass changes most of the window's counters there (high churn).
-	// Every watch over a marked window reads it in full, which at that
-	// churn costs about what listing it would, while the log would cost the
-	// store as much again. The estimate rests on this node's own pushes,
-	// never on its watches overflowing: its own markers overflow its next
-	// watch, and an estimate from that would keep a node that churned once
-	// reading in full. It lags a pass: the first pass of high churn logs,
-	// the first of low churn after it may mark.
+	// to push: a store with change logs then marks a window's versions
+	// instead of logging each change when the pass changes most of the
+	// window's counters there (high churn). Every watch over a marked
+	// window reads it in full, which at that churn costs about what listing
+	// it would, while the log would cost the store as much again. The
+	// estimate rests on this node's own pushes, never on its watches
+	// overflowing: its own markers overflow its next watch, and an estimate
+	// from that would keep a node that churned once reading in full. It is
+	// the larger of what the last regular cycle pushed, with the early
+	// cycles before it (a burst of evictions runs early cycles that push
+	// part of the churn, see runCycle), and this pass's own diffs so far
+	// extrapolated to the whole table (see passEstimate): the first pass of
+	// high churn marks from its first push, the first of low churn after
+	// it may still mark.
 	var passDiffs int
 	if watch {
 		passDiffs = ns.passDiffs[i]
@@ -262,9 +265,9 @@ func (ns *Namespace) syncTable(ctx context.Context, i int, now int64, reads, wat
 			p.watches, p.watchTable = t.Watches(now, p.watches[:0]), i
 			watched = len(p.watches) > 0
 		}
-		p.batch.PassDiffs = passDiffs
 		done = t.CollectSome(now, reads, &p.parts[i], ns.pushSize())
 		diffs += len(p.parts[i].Diffs)
+		p.batch.PassDiffs = max(passDiffs, passEstimate(t, diffs, done))
 		p.assemble(now)
 		if !p.empty() {
 			if err := ns.send(ctx, p); err != nil {
@@ -280,6 +283,22 @@ func (ns *Namespace) syncTable(ctx context.Context, i int, now int64, reads, wat
 	}
 	t.PassDone()
 	return nil
+}
+
+// passEstimate returns how many diffs the pass under way over t is expected
+// to push, from the diffs it collected so far (this push's included): their
+// count once the pass is done, else those of retired records plus those of
+// t's shards scaled by the share of the shards collected (keys spread evenly
+// over them; the retired records come first, and say nothing of the rest).
+func passEstimate(t *shm.Table, diffs int, done bool) int {
+	if done {
+		return diffs
+	}
+	collected, shards, retired := t.PassShare()
+	if collected == 0 {
+		return diffs
+	}
+	return retired + int(min(int64(diffs-retired)*int64(shards)/int64(collected), math.MaxInt32))
 }
 
 // syncBuckets pushes the token buckets' unpushed spends and, with reads,

@@ -176,7 +176,7 @@ func (t *Table) collectAll(now int64, reads bool, b *Batch) {
 // LoadChanges); the caller confirms them with PassDone once every push of
 // the pass succeeded, or the next pass reads them again.
 func (t *Table) Rewind() {
-	t.cursor = 0
+	t.cursor, t.passRetired = 0, 0
 	t.startPass()
 }
 
@@ -219,6 +219,19 @@ func (t *Table) CollectSome(now int64, reads bool, b *Batch, max int) (done bool
 	}
 	t.cursor = 0
 	return true
+}
+
+// PassShare reports how far a pass of CollectSome that is not done has
+// gone: the shards it has collected, of all the table's, and the diffs it
+// took from retired records (which come first, and say nothing of the
+// shards). Keys spread evenly over the shards, so a caller can extrapolate
+// from the diffs the pass collected from shards so far what the whole pass
+// will. Between passes (CollectSome reported done) collected is 0.
+func (t *Table) PassShare() (collected, shards, retired int) {
+	if t.cursor == 0 {
+		return 0, len(t.shards), t.passRetired
+	}
+	return min(t.cursor-1, len(t.shards)), len(t.shards), t.passRetired
 }
 
 // retiredLen returns the number of retired records.
@@ -268,6 +281,8 @@ func (t *Table) settled(b *Batch) {
 func (t *Table) collectRetired(b *Batch, max int) bool {
 	t.retMu.Lock()
 	defer t.retMu.Unlock()
+	n := len(b.Diffs)
+	defer func() { t.passRetired += len(b.Diffs) - n }()
 	for ref, r := range t.retired {
 		if max > 0 && len(b.Diffs)+len(b.Reads) >= max {
 			return false

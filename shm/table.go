@@ -124,6 +124,9 @@ type Table struct {
 	shards     []shard
 	mask       uint64
 	cursor     int // the next shard CollectSome visits
+	// passRetired counts the diffs the pass under way took from retired
+	// records (see PassShare)
+	passRetired int
 
 	evictions atomic.Int64
 	// lastQ[w] is the number (start / size) of the window of size index w

@@ -482,3 +482,54 @@ func TestWindowOfFarApart(t *testing.T) {
 func TestBucketSize(t *testing.T) {
 	require.Equal(t, uintptr(64), unsafe.Sizeof(bucket{}))
 }
+
+// TestPassShare: CollectSome's progress over the shards, which a caller
+// extrapolates a pass's size from, is 0 between passes, grows with each
+// chunk, and its diffs over the share collected are close to the pass's.
+func TestPassShare(t *testing.T) {
+	tb := newTable(t, Options{Sizes: []time.Duration{time.Minute}, MaxKeys: 1 << 14, Track: true, Watch: true})
+	now := time.Now().UnixMilli()
+	const keys = 8000
+	for i := range keys {
+		tb.Add(fmt.Sprintf("k%d", i), 0, now, 1)
+	}
+	collected, shards, retired := tb.PassShare()
+	require.Zero(t, collected)
+	require.Zero(t, retired)
+	require.Equal(t, 256, shards)
+	tb.Rewind()
+	var b Batch
+	diffs, last := 0, 0
+	for {
+		done := tb.CollectSome(now, false, &b, 1000)
+		diffs += len(b.Diffs)
+		collected, _, retired := tb.PassShare()
+		require.Zero(t, retired)
+		if done {
+			require.Zero(t, collected, "between passes")
+			break
+		}
+		require.Greater(t, collected, last)
+		last = collected
+		require.InDelta(t, keys, diffs*shards/collected, keys/4, "the extrapolated pass after %d shards", collected)
+		tb.Release(&b)
+		b.Reset()
+	}
+	require.Equal(t, keys, diffs)
+	tb.Release(&b)
+	b.Reset()
+
+	// Retired records come first, and are counted apart: they say nothing
+	// of the shards.
+	e := newEntry("gone")
+	tb.noteTime(now)
+	for i := range 500 {
+		tb.retire(counterRef{e: e, start: now + int64(i)*60_000}, 1, 0)
+	}
+	tb.Rewind()
+	require.False(t, tb.CollectSome(now, false, &b, 600))
+	collected, _, retired = tb.PassShare()
+	require.Equal(t, 500, retired)
+	require.Positive(t, collected)
+	tb.Release(&b)
+}

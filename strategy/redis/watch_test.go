@@ -464,3 +464,54 @@ func TestBulkBatchMarks(t *testing.T) {
 		w.Cursor = ch.Cursor
 	}
 }
+
+// A pass that changes most of a window marks every one of its batches, not
+// only its first, though no batch alone is half the window: a watch whose
+// cursor falls between two batches of the pass (it read after the first)
+// lists the whole window again after the second, whose changes were never
+// logged. One marker for the whole pass would lose the second batch's
+// changes to that watch unless the marker moved with each batch.
+func TestWatchBetweenBatchesOfAMarkedPass(t *testing.T) {
+	_, c := miniClient(t)
+	s := newStore(t, c, Options{Shards: 1})
+	other := newStore(t, c, s.opts)
+	ns := "pass"
+	ctx := context.Background()
+	// The window's 200 counters, before anyone watches it (nothing marked
+	// or logged), and one more counter logged since the watch's cursor.
+	_, err := other.PushDiffs(ctx, &strategy.Batch{ID: batchID(t), Namespace: ns, Now: base, Diffs: keysOf("k", 200)})
+	require.NoError(t, err)
+	w := strategy.Watch{Size: time.Minute, Start: base, Limit: 1000}
+	_, ch := watchOnce(t, s, ns, w)
+	require.Len(t, ch.Counters, 200)
+	w.Cursor = ch.Cursor
+	_, ch = watchOnce(t, s, ns, w, diff("a", time.Minute, base, 1))
+	require.Len(t, ch.Counters, 1, "its own counter only")
+	w.Cursor = ch.Cursor
+	marks := hashKey(s.shardPrefixes(ns)[0], time.Minute, base) + markSuffix
+	markers := func() int64 {
+		n, err := c.ZCard(ctx, marks).Result()
+		require.NoError(t, err)
+		return n
+	}
+	before := markers()
+	// The other node's pass of 200 diffs, in two batches of 100: each
+	// alone is less than half the window (201 counters), and would log;
+	// the pass's 200 mark.
+	all := keysOf("k", 200)
+	for i, part := range [][]strategy.Diff{all[:100], all[100:]} {
+		_, err := other.PushDiffs(ctx, &strategy.Batch{ID: batchID(t), Namespace: ns, Now: base, Diffs: part, PassDiffs: 200})
+		require.NoError(t, err)
+		require.Equal(t, before+int64(i+1), markers(), "batch %d marked", i)
+		_, ch = watchOnce(t, s, ns, w)
+		require.False(t, ch.Overflow)
+		got := changedMap(t, ch)
+		require.Len(t, got, 201, "batch %d: the whole window", i)
+		for j, d := range part {
+			require.Equal(t, int64(2), got[d.Key], "batch %d, counter %d", i, j)
+		}
+		w.Cursor = ch.Cursor
+	}
+	_, ch = watchOnce(t, s, ns, w)
+	require.Empty(t, ch.Counters, "nothing changed since")
+}
