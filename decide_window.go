@@ -30,6 +30,9 @@ func (ns *Namespace) leanWindows(limits []Limit) bool {
 // reads the store first. It makes the decision in d and returns what
 // decideAny returns. count says the request's cost is to be spent.
 func (ns *Namespace) decideWindows(ctx context.Context, d *Decision, key string, cost int64, limits []Limit, count bool) (string, int, error) {
+	if ns.closed.Load() {
+		return "", 0, closedOr(ctx)
+	}
 	if err := checkCall(ctx, key, cost, len(limits)); err != nil {
 		return "", 0, err
 	}
@@ -48,31 +51,30 @@ func (ns *Namespace) decideWindows(ctx context.Context, d *Decision, key string,
 	}
 	ti := st[0].idx / 2
 	if len(limits) == 2 && st[1].idx/2 != ti { // two tables: the general path
-		return ns.decideAny(ctx, d, key, cost, limits, count)
+		return ns.decideEntered(ctx, d, key, cost, limits, count)
 	}
 	t := ns.tables[ti]
 	stored := ns.storedKey(key)
 	now := ns.now()
 	sts := st[:len(limits)]
-	var views [2]shm.View
-	if ns.cold == nil {
-		views = t.AddWindows(stored, now, mask, [2]int64{cost, cost}, !count)
-	} else {
-		var held bool
-		if views, held = t.AddWindowsIfHeld(stored, now, mask, [2]int64{cost, cost}, !count); !held {
-			return ns.decideAny(ctx, d, key, cost, limits, count) // cold: read first
+	// Counted, judged and (rejected) taken back in one table call, which a
+	// sealed table refuses: Close need not wait for this call.
+	judge := func(views [2]shm.View) bool {
+		for j := range sts {
+			sts[j].v = views[sts[j].w]
 		}
+		return admits(sts, limits, now, cost, count)
+	}
+	views, ok, held, open := t.AddWindowsOpen(stored, now, mask, [2]int64{cost, cost}, !count, ns.cold != nil, judge)
+	switch {
+	case !open:
+		return "", 0, closedOr(ctx)
+	case !held:
+		return ns.decideEntered(ctx, d, key, cost, limits, count) // cold: read first
 	}
 	key = stored
 	for j := range sts {
 		sts[j].v = views[sts[j].w]
-	}
-	ok := admits(sts, limits, now, cost, count)
-	if count && !ok {
-		views = t.AddWindows(key, now, mask, [2]int64{-cost, -cost}, false)
-		for j := range sts {
-			sts[j].v = views[sts[j].w]
-		}
 	}
 	bind := decision(d, sts, limits, now, cost, ok, count)
 	d.Degraded = ns.storeDown.Load()

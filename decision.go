@@ -235,20 +235,17 @@ func (ns *Namespace) Refund(ctx context.Context, key string, cost int64, limits 
 }
 
 func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits []Limit, count bool) (Decision, error) {
-	s, open := ns.enter()
-	if !open {
-		return Decision{}, closedOr(ctx)
-	}
-	defer leave(s)
 	var d Decision
 	var idx int // the binding limit's window index
 	var err error
+	// The lean paths do not register as calls in flight (enter): each
+	// counts in one table call that a sealed table refuses (see Close).
 	if len(limits) == 1 && limits[0].Algorithm == TokenBucket && ns.mode != modeSync {
 		key, idx, err = ns.decideBucket(ctx, &d, key, cost, limits, count && cost > 0)
 	} else if ns.leanWindows(limits) {
 		key, idx, err = ns.decideWindows(ctx, &d, key, cost, limits, count && cost > 0)
 	} else {
-		key, idx, err = ns.decideAny(ctx, &d, key, cost, limits, count && cost > 0)
+		key, idx, err = ns.decideEntered(ctx, &d, key, cost, limits, count && cost > 0)
 	}
 	if err != nil {
 		return Decision{}, err
@@ -260,6 +257,16 @@ func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits 
 		}
 	}
 	return d, nil
+}
+
+// decideEntered is decideAny as a call in flight, which Close waits for.
+func (ns *Namespace) decideEntered(ctx context.Context, d *Decision, key string, cost int64, limits []Limit, count bool) (string, int, error) {
+	s, open := ns.enter()
+	if !open {
+		return "", 0, closedOr(ctx)
+	}
+	defer leave(s)
+	return ns.decideAny(ctx, d, key, cost, limits, count)
 }
 
 // decideAny is decide's general path: any limits, any mode. It makes the
@@ -787,30 +794,20 @@ func (s *lstate) setBucket(ns *Namespace, l *Limit, i int) {
 // tryBucket judges the request on the token bucket of s, spending its cost
 // when it fits and count is set.
 func (s *lstate) tryBucket(key string, now, cost int64, count bool) {
-	s.tryBucketIfHeld(key, now, cost, count, true)
-}
-
-// tryBucketIfHeld is tryBucket, on a bucket the table holds unless create
-// is set: it reports false, having done nothing, when the table holds none.
-func (s *lstate) tryBucketIfHeld(key string, now, cost int64, count, create bool) bool {
 	mode := shm.Peek
 	if count {
 		mode = shm.SpendIfFits
 	}
-	held := true
-	if create {
-		s.tat0, s.fits, s.spent = s.bt.Try(key, now, s.interval, s.burst, cost, mode)
-	} else {
-		s.tat0, s.fits, s.spent, held = s.bt.TryIfHeld(key, now, s.interval, s.burst, cost, mode)
-	}
-	if !held {
-		return false
-	}
+	s.tat0, s.fits, s.spent = s.bt.Try(key, now, s.interval, s.burst, cost, mode)
+	s.afterTry(now, cost)
+}
+
+// afterTry sets the TAT after a bucket's try from the TAT before it.
+func (s *lstate) afterTry(now, cost int64) {
 	s.tat = s.tat0
 	if s.spent {
 		s.tat = bucketAfter(s.tat0, now, s.interval, cost)
 	}
-	return true
 }
 
 // chargeBucket spends a rejected request's cost on the token bucket of s,

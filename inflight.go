@@ -22,6 +22,10 @@ type callStripe struct {
 // is waited for: a hit a call reports counted is in the tables (or in a push
 // it settled) before Close's flush collects them.
 //
+// The lean decision paths (decide_window.go, decide_bucket.go) do not
+// enter: each counts in one table call, which Close's seal (Namespace.seal)
+// waits for or refuses, so their hits are in the tables before the flush.
+//
 // In local mode there is no flush to wait for, so a call only checks that the
 // namespace is open (and returns a nil stripe): a call racing Close counts in
 // tables no sync reads, and losing it loses nothing. This keeps two atomic

@@ -29,8 +29,27 @@ func (ns *Namespace) bucketTable(i int) *shm.Buckets {
 	if err != nil {
 		panic(err) // the sizes and MaxKeys were validated by normalize
 	}
+	if ns.sealed {
+		t.Seal()
+	}
 	ns.buckets[i].Store(t)
 	return t
+}
+
+// seal seals every table the lean decision paths count in (see
+// shm.Table.Seal), and those created from now on: once it returns, what
+// they counted is in the tables for Close's flush, and they count nothing
+// more.
+func (ns *Namespace) seal() {
+	ns.kindMu.Lock()
+	defer ns.kindMu.Unlock()
+	ns.sealed = true
+	for _, t := range ns.tables {
+		t.Seal()
+	}
+	for _, b := range ns.bucketTables() {
+		b.t.Seal()
+	}
 }
 
 // logTable returns the sliding-log table of window size index i, creating it

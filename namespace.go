@@ -44,6 +44,7 @@ type Namespace struct {
 	buckets      []atomic.Pointer[shm.Buckets]
 	logs         []atomic.Pointer[shm.Logs]
 	kindMu       sync.Mutex // serialises their creation
+	sealed       bool       // Close sealed the tables: new ones start sealed (guarded by kindMu)
 	capabilities strategy.Capabilities
 	// takes are synchronous-mode decisions to settle with the store (take.go).
 	takeMu sync.Mutex
@@ -316,6 +317,9 @@ func (ns *Namespace) Close(ctx context.Context) error {
 	}
 	ns.closeOnce.Do(func() {
 		ns.closed.Store(true)
+		// The lean decision paths do not register as calls in flight:
+		// sealing the tables waits for those under way.
+		ns.seal()
 		ns.endClosing() // calls waiting for a cold read answer now
 		// Calls that found the namespace open finish first, so the flush
 		// collects every hit a call reported counted.

@@ -35,6 +35,7 @@ type Buckets struct {
 
 	evictions atomic.Int64
 	dropped   atomic.Int64 // tokens of retired spends dropped past the cap
+	sealed    atomic.Bool  // see Seal
 
 	retMu   sync.Mutex
 	retired map[*bucket]struct{} // evicted buckets whose spends wait for a push (guarded by retMu)
@@ -422,22 +423,34 @@ const (
 // interval) and whether the request fits, and spends the cost as mode says.
 // The bucket is created when missing.
 func (b *Buckets) Try(key string, now int64, interval float64, burst, cost int64, mode TryMode) (tat float64, fits bool, spent bool) {
-	tat, fits, spent, _ = b.try(key, now, interval, burst, cost, mode, true)
-	return tat, fits, spent
+	return b.tryLocked(b.locked(key, now, true), now, interval, burst, cost, mode)
 }
 
-// TryIfHeld is Try on a bucket the table holds: it does nothing and
-// returns held false when the table holds none for key (one lookup, where
-// Holds then Try take two).
-func (b *Buckets) TryIfHeld(key string, now int64, interval float64, burst, cost int64, mode TryMode) (tat float64, fits, spent, held bool) {
-	return b.try(key, now, interval, burst, cost, mode, false)
-}
+// Seal makes the table refuse what TryOpen would spend from now on. A call
+// of TryOpen decides and spends holding its bucket's lock, and checks the
+// seal there: one that found the table open has spent before a Collect that
+// follows Seal locks the bucket. A namespace's Close seals its tables before
+// its last collection (see Table.Seal).
+func (b *Buckets) Seal() { b.sealed.Store(true) }
 
-func (b *Buckets) try(key string, now int64, interval float64, burst, cost int64, mode TryMode, create bool) (tat float64, fits, spent, held bool) {
+// TryOpen is Try that spends nothing and returns open false once the table
+// is sealed. Without create it does nothing for a key the table does not
+// hold, and returns held false: one lookup, where Holds then Try take two.
+func (b *Buckets) TryOpen(key string, now int64, interval float64, burst, cost int64, mode TryMode, create bool) (tat float64, fits, spent, held, open bool) {
 	bk := b.locked(key, now, create)
 	if bk == nil {
-		return 0, false, false, false
+		return 0, false, false, false, !b.sealed.Load()
 	}
+	if b.sealed.Load() {
+		bk.mu.Unlock()
+		return 0, false, false, true, false
+	}
+	tat, fits, spent = b.tryLocked(bk, now, interval, burst, cost, mode)
+	return tat, fits, spent, true, true
+}
+
+// tryLocked is Try on bk, which the caller has locked; it unlocks bk.
+func (b *Buckets) tryLocked(bk *bucket, now int64, interval float64, burst, cost int64, mode TryMode) (tat float64, fits, spent bool) {
 	bk.markUsed()
 	b.setInterval(bk, interval, now)
 	tat = b.view(bk, now)
@@ -447,7 +460,7 @@ func (b *Buckets) try(key string, now int64, interval float64, burst, cost int64
 		spent = true
 	}
 	bk.mu.Unlock()
-	return tat, fits, spent, true
+	return tat, fits, spent
 }
 
 // Refund gives cost tokens back to key's bucket at now (never past full).

@@ -77,3 +77,50 @@ func (t *Table) AddWindowsIfHeld(key string, now int64, mask uint8, v [2]int64, 
 	s.mu.RUnlock()
 	return out, true
 }
+
+// Seal makes the table refuse what AddWindowsOpen would count from now on,
+// and waits for the calls of it under way: each holds its key's shard for
+// reading, and Seal takes every shard once for writing. When Seal returns,
+// every hit such a call counted is in the table for a Collect to find, and
+// none is counted after. A namespace's Close seals its tables before its
+// last collection, so that its lean decision paths need not register as
+// calls in flight (two atomic writes a call).
+func (t *Table) Seal() {
+	t.sealed.Store(true)
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.Lock()
+		//lint:ignore SA2001 a barrier: the lock waits for the readers under way
+		s.mu.Unlock()
+	}
+}
+
+// AddWindowsOpen is AddWindows (with ifHeld, AddWindowsIfHeld: held false
+// and nothing done for a key the table does not hold) for a caller that
+// judges the views at once: when judge rejects the views and the call
+// counts (not peek), v is taken back under the same hold of the key's
+// shard, and the views returned are those after. ok is judge's verdict. On
+// a sealed table it counts nothing and returns open false.
+func (t *Table) AddWindowsOpen(key string, now int64, mask uint8, v [2]int64, peek, ifHeld bool, judge func([2]View) bool) (out [2]View, ok, held, open bool) {
+	var s *shard
+	var e *entry
+	excl := false
+	if !ifHeld {
+		s, e, excl = t.lock(key, now)
+	} else if s, e = t.lookup(key); e == nil {
+		return out, false, false, !t.sealed.Load()
+	} else {
+		e.markUsed()
+	}
+	if t.sealed.Load() {
+		s.unlock(excl)
+		return out, false, true, false
+	}
+	out = t.addWindows(e, now, mask, v, peek)
+	if ok = judge(out); !ok && !peek {
+		out = t.addWindows(e, now, mask, [2]int64{-v[0], -v[1]}, false)
+	}
+	t.touch(s, e)
+	s.unlock(excl)
+	return out, ok, true, true
+}

@@ -48,23 +48,32 @@ func TestTryAfterEviction(t *testing.T) {
 	}
 }
 
-// TestTryIfHeld: TryIfHeld spends on a bucket held, and on none otherwise.
-func TestTryIfHeld(t *testing.T) {
+// TestTryOpen: TryOpen spends on a bucket held, creates one only when
+// told, and spends nothing once the table is sealed.
+func TestTryOpen(t *testing.T) {
 	b, err := NewBuckets(BucketOptions{Period: time.Second})
 	require.NoError(t, err)
 	const now, interval = 1_000_000, 100.0
-	_, _, _, held := b.TryIfHeld("k", now, interval, 10, 1, SpendIfFits)
+	_, _, _, held, open := b.TryOpen("k", now, interval, 10, 1, SpendIfFits, false)
 	require.False(t, held)
+	require.True(t, open)
 	require.False(t, b.Holds("k"))
 	b.Try("k", now, interval, 10, 1, SpendIfFits)
-	tat, fits, spent, held := b.TryIfHeld("k", now, interval, 10, 2, SpendIfFits)
-	require.True(t, held && fits && spent)
+	tat, fits, spent, held, open := b.TryOpen("k", now, interval, 10, 2, SpendIfFits, false)
+	require.True(t, held && open && fits && spent)
 	require.Equal(t, float64(now)+interval, tat)
 	tat, _ = b.View("k", now, interval)
 	require.Equal(t, float64(now)+3*interval, tat)
-	_, _, _, held = b.TryIfHeld("gone", now, interval, 10, 1, SpendAlways)
-	require.False(t, held)
-	require.Equal(t, 1, b.Len())
+	_, _, spent, held, _ = b.TryOpen("new", now, interval, 10, 1, SpendAlways, true)
+	require.True(t, held && spent)
+	require.Equal(t, 2, b.Len())
+
+	b.Seal()
+	_, _, spent, held, open = b.TryOpen("k", now, interval, 10, 1, SpendAlways, false)
+	require.False(t, spent || open)
+	require.True(t, held)
+	tat, _ = b.View("k", now, interval)
+	require.Equal(t, float64(now)+3*interval, tat, "nothing spent once sealed")
 	require.False(t, math.IsInf(tat, 0))
 }
 

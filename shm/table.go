@@ -129,6 +129,7 @@ type Table struct {
 	passRetired int
 
 	evictions atomic.Int64
+	sealed    atomic.Bool // see Seal
 	// lastQ[w] is the number (start / size) of the window of size index w
 	// that the last call to windowOf found; see windowOf.
 	lastQ [2]atomic.Int64

@@ -1,0 +1,89 @@
+package ratelimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratesync/ratelimit"
+	"github.com/ratesync/ratelimit/strategy"
+	"github.com/ratesync/ratelimit/strategy/memory"
+)
+
+// TestCloseRacingLeanPaths: the lean decision paths (one window limit, one
+// token bucket) do not register as calls in flight; Close seals the tables
+// instead, which waits for the calls counting in them. Workers call Allow
+// until they get ErrClosed, Close runs meanwhile, and the store then holds
+// exactly what was admitted: every window hit and every bucket spend.
+func TestCloseRacingLeanPaths(t *testing.T) {
+	at := time.UnixMilli(1_700_000_000_000)
+	window := ratelimit.Limit{Window: time.Hour, Max: 1 << 40}
+	// An interval of exactly 0.25 ms per token, so a bucket's TAT adds up
+	// without rounding; a frozen clock, so nothing refills.
+	bucket := ratelimit.Limit{Window: time.Hour, Max: 4 * 3_600_000, Algorithm: ratelimit.TokenBucket}
+	const workers, keys = 8, 4
+	for _, mode := range []string{"cold-reads", "no-cold-reads"} {
+		t.Run(mode, func(t *testing.T) {
+			for round := range 20 {
+				store := memory.New()
+				cfg := ratelimit.Config{Namespace: fmt.Sprint("lean", round), WindowSizes: []time.Duration{time.Hour},
+					SyncRate: time.Hour, Strategy: store, Clock: func() time.Time { return at }}
+				if mode == "no-cold-reads" {
+					cfg.ColdRead = ratelimit.ColdReadOff
+				}
+				reg := ratelimit.NewRegistry()
+				ns, err := reg.New(cfg)
+				require.NoError(t, err)
+				var admitted [2][keys]atomic.Int64
+				var calls atomic.Int64
+				var wg sync.WaitGroup
+				for w := range workers {
+					wg.Go(func() {
+						for i := 0; ; i++ {
+							kind, k := i%2, (w+i)%keys
+							lim := window
+							if kind == 1 {
+								lim = bucket
+							}
+							d, err := ns.Allow(context.Background(), fmt.Sprint("k", k), 1, lim)
+							if errors.Is(err, ratelimit.ErrClosed) {
+								return
+							}
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if d.Allowed {
+								admitted[kind][k].Add(1)
+							}
+							calls.Add(1)
+						}
+					})
+				}
+				for calls.Load() < 2000 {
+					time.Sleep(100 * time.Microsecond)
+				}
+				require.NoError(t, reg.Close(context.Background()))
+				wg.Wait()
+				var reads []strategy.BucketID
+				for k := range keys {
+					n, err := store.GetWindow(context.Background(), cfg.Namespace, strategy.CounterID{Key: fmt.Sprint("k", k), Size: time.Hour, Start: strategy.WindowStart(at.UnixMilli(), time.Hour)})
+					require.NoError(t, err)
+					require.Equal(t, admitted[0][k].Load(), n, "round %d key %d: window hits", round, k)
+					reads = append(reads, strategy.BucketID{Key: fmt.Sprint("k", k), Period: time.Hour})
+				}
+				res, err := store.PushDiffs(context.Background(), &strategy.Batch{ID: fmt.Sprint("read", round), Namespace: cfg.Namespace, Now: at.UnixMilli(), BucketReads: reads})
+				require.NoError(t, err)
+				for k, st := range res.BucketReads {
+					require.Equal(t, float64(at.UnixMilli())+0.25*float64(admitted[1][k].Load()), st.TAT, "round %d key %d: bucket spends", round, k)
+				}
+			}
+		})
+	}
+}
