@@ -34,13 +34,8 @@ import (
 // totals, and counts nothing twice.
 func TestTornTransactionTail(t *testing.T) {
 	noLeaks(t)
-	dir := t.TempDir()
-	srv := startRedis(t, dir)
-	c := goredis.NewClient(redisOptions(srv.addr()))
-	defer c.Close()
-	rs, err := redis.New(c, redis.Options{KeyPrefix: "torn", Shards: 1})
-	require.NoError(t, err)
-	ctx := context.Background()
+	tr := newTornRedis(t)
+	rs, ctx := tr.store, context.Background()
 	now := time.Now().UnixMilli()
 	start := strategy.WindowStart(now, time.Hour)
 	keys := []string{"a", "b", "c", "d"}
@@ -48,32 +43,17 @@ func TestTornTransactionTail(t *testing.T) {
 	for i, k := range keys {
 		b.Diffs = append(b.Diffs, strategy.Diff{CounterID: strategy.CounterID{Key: k, Size: time.Hour, Start: start}, Delta: int64(i + 1)})
 	}
-	_, err = rs.PushDiffs(ctx, b)
+	_, err := rs.PushDiffs(ctx, b)
 	require.NoError(t, err)
 
 	// SIGKILL in the middle of writing the part's block: the file ends
 	// inside its EXEC. (The kill lost the reply: the node re-sends.)
-	srv.kill()
-	file := aofTail(t, dir)
-	data, err := os.ReadFile(file)
-	require.NoError(t, err)
-	exec := []byte("*1\r\n$4\r\nEXEC\r\n")
-	i := bytes.LastIndex(data, exec)
-	require.Positive(t, i, "the part's writes are one MULTI/EXEC block in %s", file)
-	require.NoError(t, os.Truncate(file, int64(i+len(exec)-4)))
-
-	srv.restart() // loads the cut file
-	ready := func() bool {
-		ctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		defer cancel()
-		return c.Set(ctx, "torn:ready", "1", time.Minute).Err() == nil
-	}
-	require.True(t, pollUntil(10*time.Second, ready))
+	tr.killInsideLastExec()
+	tr.restart()                  // loads the cut file
 	_, err = rs.PushDiffs(ctx, b) // the re-send, applied: Redis lost the part
 	require.NoError(t, err)
 
-	srv.restart() // loads the torn block and the re-send's
-	require.True(t, pollUntil(10*time.Second, ready))
+	tr.restart() // loads the torn block and the re-send's
 	got := map[string]int64{}
 	for cnt, err := range rs.GetCounters(ctx, strategy.Query{Namespace: ratelimit.DefaultNamespace, Sizes: []time.Duration{time.Hour}, Now: now}) {
 		require.NoError(t, err)
@@ -95,13 +75,8 @@ func TestTornTransactionTail(t *testing.T) {
 // name their take, so the torn block and the re-send add the same member.
 func TestTornTakeTail(t *testing.T) {
 	noLeaks(t)
-	dir := t.TempDir()
-	srv := startRedis(t, dir)
-	c := goredis.NewClient(redisOptions(srv.addr()))
-	defer c.Close()
-	rs, err := redis.New(c, redis.Options{KeyPrefix: "torn", Shards: 1})
-	require.NoError(t, err)
-	ctx := context.Background()
+	tr := newTornRedis(t)
+	rs, ctx := tr.store, context.Background()
 	now := time.Now().UnixMilli()
 	logs := []strategy.TakeLog{{Window: time.Hour, Max: 10}, {Window: time.Minute, Max: 10}}
 	take := func(id string, cost int64, peek bool) strategy.TakeResult {
@@ -113,33 +88,64 @@ func TestTornTakeTail(t *testing.T) {
 	take("before", 1, false) // an entry the torn take finds in the log
 	take("torn-1", 3, false)
 
-	srv.kill()
-	file := aofTail(t, dir)
-	data, err := os.ReadFile(file)
-	require.NoError(t, err)
-	exec := []byte("*1\r\n$4\r\nEXEC\r\n")
-	i := bytes.LastIndex(data, exec)
-	require.Positive(t, i, "the take's writes are one MULTI/EXEC block in %s", file)
-	require.NoError(t, os.Truncate(file, int64(i+len(exec)-4)))
-
-	srv.restart() // loads the cut file: the take is lost
-	ready := func() bool {
-		ctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		defer cancel()
-		return c.Set(ctx, "torn:ready", "1", time.Minute).Err() == nil
-	}
-	require.True(t, pollUntil(10*time.Second, ready))
+	tr.killInsideLastExec()
+	tr.restart() // loads the cut file: the take is lost
 	for _, l := range take("", 0, true).Logs {
 		require.Equal(t, int64(1), l.Count, "the cut file holds the first take only")
 	}
 	take("torn-1", 3, false) // the re-send, applied
 	take("after", 2, false)  // and another take
 
-	srv.restart() // loads the torn block with the re-send's
-	require.True(t, pollUntil(10*time.Second, ready))
+	tr.restart() // loads the torn block with the re-send's
 	for j, l := range take("", 0, true).Logs {
 		require.Equal(t, int64(6), l.Count, "log %d: the torn take counted twice", j)
 	}
+}
+
+// tornRedis is a Redis with an append-only file, and a store on it, for
+// the torn-transaction tests.
+type tornRedis struct {
+	t     *testing.T
+	dir   string
+	srv   *redisServer
+	c     *goredis.Client
+	store *redis.Store
+}
+
+func newTornRedis(t *testing.T) *tornRedis {
+	tr := &tornRedis{t: t, dir: t.TempDir()}
+	tr.srv = startRedis(t, tr.dir)
+	tr.c = goredis.NewClient(redisOptions(tr.srv.addr()))
+	t.Cleanup(func() { _ = tr.c.Close() })
+	var err error
+	tr.store, err = redis.New(tr.c, redis.Options{KeyPrefix: "torn", Shards: 1})
+	require.NoError(t, err)
+	return tr
+}
+
+// killInsideLastExec kills Redis (SIGKILL) and cuts its append-only file
+// inside the last transaction's EXEC, as a kill in the middle of writing
+// that block leaves it.
+func (tr *tornRedis) killInsideLastExec() {
+	tr.srv.kill()
+	file := aofTail(tr.t, tr.dir)
+	data, err := os.ReadFile(file)
+	require.NoError(tr.t, err)
+	exec := []byte("*1\r\n$4\r\nEXEC\r\n")
+	i := bytes.LastIndex(data, exec)
+	require.Positive(tr.t, i, "the writes are one MULTI/EXEC block in %s", file)
+	require.NoError(tr.t, os.Truncate(file, int64(i+len(exec)-4)))
+}
+
+// restart restarts Redis on its file and waits until it takes writes.
+func (tr *tornRedis) restart() {
+	tr.srv.restart()
+	ready := func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		return tr.c.Set(ctx, "torn:ready", "1", time.Minute).Err() == nil
+	}
+	require.True(tr.t, pollUntil(10*time.Second, ready))
 }
 
 // aofTail returns the append-only file Redis appends to in dir: the last
