@@ -17,10 +17,11 @@ import (
 )
 
 // TestCloseRacingLeanPaths: the lean decision paths (one window limit, one
-// token bucket) do not register as calls in flight; Close seals the tables
-// instead, which waits for the calls counting in them. Workers call Allow
-// until they get ErrClosed, Close runs meanwhile, and the store then holds
-// exactly what was admitted: every window hit and every bucket spend.
+// token bucket) and Increment on a held key do not register as calls in
+// flight; Close seals the tables instead, which waits for the calls
+// counting in them. Workers call Allow and Increment until they get
+// ErrClosed, Close runs meanwhile, and the store then holds exactly what
+// was admitted or counted: every window hit and every bucket spend.
 func TestCloseRacingLeanPaths(t *testing.T) {
 	at := time.UnixMilli(1_700_000_000_000)
 	window := ratelimit.Limit{Window: time.Hour, Max: 1 << 40}
@@ -40,18 +41,24 @@ func TestCloseRacingLeanPaths(t *testing.T) {
 				reg := ratelimit.NewRegistry()
 				ns, err := reg.New(cfg)
 				require.NoError(t, err)
-				var admitted [2][keys]atomic.Int64
+				var admitted [3][keys]atomic.Int64 // window, bucket, Increment
 				var calls atomic.Int64
 				var wg sync.WaitGroup
 				for w := range workers {
 					wg.Go(func() {
 						for i := 0; ; i++ {
-							kind, k := i%2, (w+i)%keys
-							lim := window
-							if kind == 1 {
-								lim = bucket
+							kind, k := i%3, (w+i)%keys
+							var d ratelimit.Decision
+							var err error
+							switch kind {
+							case 0:
+								d, err = ns.Allow(context.Background(), fmt.Sprint("k", k), 1, window)
+							case 1:
+								d, err = ns.Allow(context.Background(), fmt.Sprint("k", k), 1, bucket)
+							case 2:
+								_, err = ns.Increment(context.Background(), fmt.Sprint("i", k), time.Hour, 1)
+								d.Allowed = true
 							}
-							d, err := ns.Allow(context.Background(), fmt.Sprint("k", k), 1, lim)
 							if errors.Is(err, ratelimit.ErrClosed) {
 								return
 							}
@@ -73,9 +80,11 @@ func TestCloseRacingLeanPaths(t *testing.T) {
 				wg.Wait()
 				var reads []strategy.BucketID
 				for k := range keys {
-					n, err := store.GetWindow(context.Background(), cfg.Namespace, strategy.CounterID{Key: fmt.Sprint("k", k), Size: time.Hour, Start: strategy.WindowStart(at.UnixMilli(), time.Hour)})
-					require.NoError(t, err)
-					require.Equal(t, admitted[0][k].Load(), n, "round %d key %d: window hits", round, k)
+					for kind, prefix := range map[int]string{0: "k", 2: "i"} {
+						n, err := store.GetWindow(context.Background(), cfg.Namespace, strategy.CounterID{Key: fmt.Sprint(prefix, k), Size: time.Hour, Start: strategy.WindowStart(at.UnixMilli(), time.Hour)})
+						require.NoError(t, err)
+						require.Equal(t, admitted[kind][k].Load(), n, "round %d key %s%d: window hits", round, prefix, k)
+					}
 					reads = append(reads, strategy.BucketID{Key: fmt.Sprint("k", k), Period: time.Hour})
 				}
 				res, err := store.PushDiffs(context.Background(), &strategy.Batch{ID: fmt.Sprint("read", round), Namespace: cfg.Namespace, Now: at.UnixMilli(), BucketReads: reads})

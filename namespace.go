@@ -245,17 +245,57 @@ func hashKey(key string) string {
 // is computed from this node's state, the error matches ErrStoreUnavailable,
 // and the hit is kept and pushed later: it is never lost.
 func (ns *Namespace) Increment(ctx context.Context, key string, window time.Duration, value int64) (float64, error) {
+	if ns.mode == modeSync {
+		return ns.incrementEntered(ctx, key, window, value)
+	}
+	// A key this node holds (or any key, without cold reads) is counted in
+	// one table call that a sealed table refuses: the call need not
+	// register as in flight (see Close).
+	if ns.closed.Load() {
+		return 0, closedOr(ctx)
+	}
+	t, i, stored, err := ns.checkIncrement(ctx, key, window, value)
+	if err != nil {
+		return 0, err
+	}
+	now := ns.now()
+	views, _, held, open := t.AddWindowsOpen(stored, now, 1<<(i%2), [2]int64{value, value}, false, ns.cold != nil, admitAll)
+	switch {
+	case !open:
+		return 0, closedOr(ctx)
+	case !held: // cold: read from the store first
+		return ns.incrementEntered(ctx, key, window, value)
+	}
+	v := views[i%2]
+	return slidingRate(v.Cur, v.Prev, now, v.Start, ns.sizeMS[i]), nil
+}
+
+// admitAll is the judge of a table call that only counts.
+func admitAll([2]shm.View) bool { return true }
+
+// checkIncrement is check, and the check of Increment's value.
+func (ns *Namespace) checkIncrement(ctx context.Context, key string, window time.Duration, value int64) (*shm.Table, int, string, error) {
+	t, i, key, err := ns.check(ctx, key, window)
+	if err != nil {
+		return nil, 0, "", err
+	}
+	if value > MaxValue || value < -MaxValue {
+		return nil, 0, "", fmt.Errorf("%w: %d is beyond ±2^53", ErrInvalidValue, value)
+	}
+	return t, i, key, nil
+}
+
+// incrementEntered is Increment as a call in flight, which Close waits for:
+// in synchronous mode, and for a cold key (read from the store first).
+func (ns *Namespace) incrementEntered(ctx context.Context, key string, window time.Duration, value int64) (float64, error) {
 	s, open := ns.enter()
 	if !open {
 		return 0, closedOr(ctx)
 	}
 	defer leave(s)
-	t, i, key, err := ns.check(ctx, key, window)
+	t, i, key, err := ns.checkIncrement(ctx, key, window, value)
 	if err != nil {
 		return 0, err
-	}
-	if value > MaxValue || value < -MaxValue {
-		return 0, fmt.Errorf("%w: %d is beyond ±2^53", ErrInvalidValue, value)
 	}
 	now := ns.now()
 	if ns.mode == modeSync {
