@@ -43,6 +43,7 @@ func TestCloseRacingLeanPaths(t *testing.T) {
 				require.NoError(t, err)
 				var admitted [3][keys]atomic.Int64 // window, bucket, Increment
 				var calls atomic.Int64
+				busy := make(chan struct{}) // closed by the 2,000th call
 				var wg sync.WaitGroup
 				for w := range workers {
 					wg.Go(func() {
@@ -69,13 +70,13 @@ func TestCloseRacingLeanPaths(t *testing.T) {
 							if d.Allowed {
 								admitted[kind][k].Add(1)
 							}
-							calls.Add(1)
+							if calls.Add(1) == 2000 {
+								close(busy)
+							}
 						}
 					})
 				}
-				for calls.Load() < 2000 {
-					time.Sleep(100 * time.Microsecond)
-				}
+				<-busy
 				require.NoError(t, reg.Close(context.Background()))
 				wg.Wait()
 				var reads []strategy.BucketID

@@ -67,15 +67,8 @@ func (t *Table) Unref(key string) {
 // held. A periodic namespace that reads cold keys first makes its check and
 // learns whether the key is cold in one lookup.
 func (t *Table) AddWindowsIfHeld(key string, now int64, mask uint8, v [2]int64, peek bool) ([2]View, bool) {
-	s, e := t.lookup(key)
-	if e == nil {
-		return [2]View{}, false
-	}
-	e.markUsed()
-	out := t.addWindows(e, now, mask, v, peek)
-	t.touch(s, e)
-	s.mu.RUnlock()
-	return out, true
+	out, _, held, _ := t.addWindowsAt(key, now, mask, v, peek, true, false, nil)
+	return out, held
 }
 
 // Seal makes the table refuse what AddWindowsOpen would count from now on,
@@ -102,23 +95,32 @@ func (t *Table) Seal() {
 // shard, and the views returned are those after. ok is judge's verdict. On
 // a sealed table it counts nothing and returns open false.
 func (t *Table) AddWindowsOpen(key string, now int64, mask uint8, v [2]int64, peek, ifHeld bool, judge func([2]View) bool) (out [2]View, ok, held, open bool) {
+	return t.addWindowsAt(key, now, mask, v, peek, ifHeld, true, judge)
+}
+
+// addWindowsAt is AddWindows, AddWindowsIfHeld (ifHeld) and AddWindowsOpen
+// (sealable, judge): one lookup of key, under whose shard lock it counts,
+// judges (a nil judge admits) and takes a rejected count back.
+func (t *Table) addWindowsAt(key string, now int64, mask uint8, v [2]int64, peek, ifHeld, sealable bool, judge func([2]View) bool) (out [2]View, ok, held, open bool) {
 	var s *shard
 	var e *entry
 	excl := false
 	if !ifHeld {
 		s, e, excl = t.lock(key, now)
 	} else if s, e = t.lookup(key); e == nil {
-		return out, false, false, !t.sealed.Load()
+		return out, false, false, !sealable || !t.sealed.Load()
 	} else {
 		e.markUsed()
 	}
-	if t.sealed.Load() {
+	if sealable && t.sealed.Load() {
 		s.unlock(excl)
 		return out, false, true, false
 	}
-	out = t.addWindows(e, now, mask, v, peek)
-	if ok = judge(out); !ok && !peek {
-		out = t.addWindows(e, now, mask, [2]int64{-v[0], -v[1]}, false)
+	out, ok = t.addWindows(e, now, mask, v, peek), true
+	if judge != nil {
+		if ok = judge(out); !ok && !peek {
+			out = t.addWindows(e, now, mask, [2]int64{-v[0], -v[1]}, false)
+		}
 	}
 	t.touch(s, e)
 	s.unlock(excl)

@@ -210,10 +210,7 @@ func (t *Table) PeekReads(key string, w int, now int64, b *Batch) {
 // serves both sizes, which is what a check against several limits needs.
 // Unused indexes get a zero View.
 func (t *Table) AddWindows(key string, now int64, mask uint8, v [2]int64, peek bool) [2]View {
-	s, e, excl := t.lock(key, now)
-	out := t.addWindows(e, now, mask, v, peek)
-	t.touch(s, e)
-	s.unlock(excl)
+	out, _, _, _ := t.addWindowsAt(key, now, mask, v, peek, false, false, nil)
 	return out
 }
 
