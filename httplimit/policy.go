@@ -64,10 +64,26 @@ type prepared struct {
 // bytes, side by side with the other entries', and a rule that many
 // requests share, rather than a rule, limits and header strings of its own:
 // a policy of many rules with few distinct limits keeps few in the cache.
+//
+// An entry is 64 bytes, one cache line, with its prefix inline when the
+// prefix is short: a request to one of many rules misses on one line, not
+// on the entry and its prefix's bytes.
 type entryRule struct {
 	ru     *rule  // nil when the entry's limits do not fit the namespace
 	name   string // the entry's name, for logs
-	prefix string // of the entry's counters
+	prefix string // of the entry's counters; its bytes are buf's when they fit
+	buf    [24]byte
+}
+
+// setPrefix sets er's prefix, to bytes of er.buf when it fits. er must not
+// move afterwards (an element of prepared.entries).
+func (er *entryRule) setPrefix(prefix string) {
+	if len(prefix) == 0 || len(prefix) > len(er.buf) {
+		er.prefix = prefix
+		return
+	}
+	n := copy(er.buf[:], prefix)
+	er.prefix = unsafe.String(&er.buf[0], n)
 }
 
 type policyCounters struct {
@@ -192,7 +208,9 @@ func (l *PolicyLimiter) prepared(snap *policy.Snapshot) *prepared {
 					ru = l.compileEntry(e)
 					shared[string(fp)] = ru
 				}
-				p.entries[e.Index] = entryRule{ru, e.Name(), e.Prefix}
+				er := &p.entries[e.Index]
+				er.ru, er.name = ru, e.Name()
+				er.setPrefix(e.Prefix)
 			}
 			l.prep.Store(p)
 		}()
@@ -218,11 +236,13 @@ func (l *PolicyLimiter) compileEntry(e *policy.Entry) *rule {
 	return ru
 }
 
-func (p *prepared) entry(l *PolicyLimiter, e *policy.Entry) entryRule {
+// entry returns the compiled entry of index i, e, compiling it when p is
+// nil (while the snapshot's entries are being prepared).
+func (p *prepared) entry(l *PolicyLimiter, e *policy.Entry, i int) *entryRule {
 	if p != nil {
-		return p.entries[e.Index]
+		return &p.entries[i]
 	}
-	return entryRule{l.compileEntry(e), e.Name(), e.Prefix}
+	return &entryRule{ru: l.compileEntry(e), name: e.Name(), prefix: e.Prefix}
 }
 
 func (h *policyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -263,13 +283,13 @@ func (h *policyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if res.Shadow != nil {
 		// Also when nothing enforced matched (LevelNone): a shadow rule
 		// is tried on exactly the traffic it would limit.
-		l.shadow(r, p.entry(l, res.Shadow), key)
+		l.shadow(r, p.entry(l, res.Shadow, res.Shadow.Index), key)
 	}
 	if res.Entry == nil {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	er := p.entry(l, res.Entry)
+	er := p.entry(l, res.Entry, res.Index)
 	ru := er.ru
 	if ru == nil {
 		l.stats.misfit.Add(1)
@@ -342,7 +362,7 @@ func (l *PolicyLimiter) strike(r *http.Request, key string, esc *policy.Escalati
 
 // shadow decides a shadow rule on its own counters and counts a would-be
 // rejection; it never answers.
-func (l *PolicyLimiter) shadow(r *http.Request, er entryRule, key string) {
+func (l *PolicyLimiter) shadow(r *http.Request, er *entryRule, key string) {
 	ru := er.ru
 	if ru == nil {
 		l.stats.misfit.Add(1)

@@ -186,11 +186,16 @@ rules:
   - {id: a, match: {route: "GET /a"}, limits: [{window: 1m, max: 3}]}
   - {id: b, match: {route: "GET /b"}, limits: [{window: 1m, max: 3}]}
   - {id: c, match: {route: "GET /c"}, shadow: true, limits: [{window: 1m, max: 3}]}
+  - {id: a-rule-id-longer-than-the-inline-prefix, match: {route: "GET /la"}, limits: [{window: 1m, max: 3}]}
+  - {id: a-rule-id-longer-than-the-inline-prefiy, match: {route: "GET /lb"}, limits: [{window: 1m, max: 3}]}
 `, ns)
+	require.EqualValues(t, 64, httplimit.EntryRuleSize, "a compiled entry is one cache line")
 	env.do("GET", "/a", "warm", "")
 	require.Eventually(t, env.lim.Compiled, 5*time.Second, time.Millisecond)
 	require.Equal(t, 3, env.admitted(t, "GET", "/a", "k", ""))
 	require.Equal(t, 3, env.admitted(t, "GET", "/b", "k", ""))
+	require.Equal(t, 3, env.admitted(t, "GET", "/la", "k", ""))
+	require.Equal(t, 3, env.admitted(t, "GET", "/lb", "k", ""))
 	for range 4 {
 		require.Equal(t, http.StatusOK, env.do("GET", "/c", "k", "").Code)
 	}

@@ -112,7 +112,7 @@ type Snapshot struct {
 	tiers    map[string]*tierClasses
 	routes   *class
 	shRoutes *class      // shadow rules without a tier
-	nslots   int         // route slots: 2 + 2 per tier
+	nslots   int         // route slots: 1 + 1 per tier (see routeHit)
 	cache    *routeCache // route results, per snapshot
 	shadow   bool
 	esc      *Escalation
@@ -140,7 +140,7 @@ type class struct {
 // tierClasses holds a tier's rules: enforced and shadow.
 type tierClasses struct {
 	c, sh *class
-	slot  int // the enforced class's route slot; the shadow class's is slot+1
+	slot  int // both classes' route slot (see routeHit)
 }
 
 // group holds the rules of one route, ordered by key specificity.
@@ -258,7 +258,7 @@ func build(doc *Document, p *problems, ovs *overrideList) *Snapshot {
 		nkeys += len(doc.Deny.Keys)
 	}
 	s := &Snapshot{doc: doc, keys: newKeyIndex(nkeys), denyCode: http.StatusForbidden,
-		tiers: map[string]*tierClasses{}, nslots: 2, cache: new(routeCache)}
+		tiers: map[string]*tierClasses{}, nslots: 1, cache: new(routeCache)}
 	interned := map[string]*Entry{}
 	intern := func(e *Entry) *Entry {
 		fp := string(appendFingerprint(nil, e.Level, e.Cost, e.Limits))
@@ -435,7 +435,7 @@ func build(doc *Document, p *problems, ovs *overrideList) *Snapshot {
 			tc := s.tiers[m.Tier]
 			if tc == nil {
 				tc = &tierClasses{slot: s.nslots}
-				s.nslots += 2
+				s.nslots++
 				s.tiers[m.Tier] = tc
 			}
 			pc := &tc.c

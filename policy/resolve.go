@@ -19,6 +19,10 @@ type Resolution struct {
 	Shadow *Entry
 	// Status is the answer for LevelDeny (403 or 429).
 	Status int
+	// Index is Entry.Index, or -1 when Entry is nil: a caller that keeps
+	// per-entry data in a slice (see Snapshot.Entries) finds it without
+	// reading the Entry.
+	Index int
 }
 
 // Resolve resolves a request with client key and tier ("" for none) in the
@@ -29,6 +33,18 @@ type Resolution struct {
 // Route matching is http.ServeMux's, remembered per (method, host, path) in a
 // bounded cache, so a request to a path seen before allocates nothing.
 func (s *Snapshot) Resolve(r *http.Request, key, tier string) Resolution {
+	// The route is looked up first, although a listed key or an override
+	// does not need it: its cache lines and the key index's are then read
+	// side by side, and a request waits for one memory latency instead of
+	// one after the other.
+	var tc *tierClasses
+	if tier != "" {
+		tc = s.tiers[tier]
+	}
+	var hit *routeHit
+	if tc != nil || s.routes != nil || s.shRoutes != nil {
+		hit = s.route(r)
+	}
 	flags, override := s.keys.get(key)
 	if flags&flagDeny == 0 && (s.stems == nil || len(key) >= s.stemLen && s.stems[key[:s.stemLen]]) {
 		for _, ps := range s.prefixes {
@@ -42,48 +58,40 @@ func (s *Snapshot) Resolve(r *http.Request, key, tier string) Resolution {
 	}
 	switch {
 	case flags&flagDeny != 0:
-		return Resolution{Level: LevelDeny, Status: s.denyCode}
+		return Resolution{Level: LevelDeny, Status: s.denyCode, Index: -1}
 	case flags&flagAllow != 0 || s.allowAll:
-		return Resolution{Level: LevelAllow}
+		return Resolution{Level: LevelAllow, Index: -1}
 	}
 	if override >= 0 && !s.shadow {
-		return Resolution{Level: LevelOverride, Entry: s.entries[override]}
+		return Resolution{Level: LevelOverride, Entry: s.entries[override], Index: override}
 	}
-	var res Resolution
-	var tc *tierClasses
-	if tier != "" {
-		tc = s.tiers[tier]
-	}
-	var hit *routeHit
-	if tc != nil || s.routes != nil || s.shRoutes != nil {
-		hit = s.route(r)
-	}
+	res := Resolution{Index: -1}
 	if s.shadow {
 		if tc != nil && tc.sh != nil {
-			res.Shadow = hit.find(tc.slot+1, tc.sh, key)
+			res.Shadow, _ = s.find(hit.shadow[tc.slot], tc.sh, key)
 		}
 		if res.Shadow == nil && s.shRoutes != nil {
-			res.Shadow = hit.find(1, s.shRoutes, key)
+			res.Shadow, _ = s.find(hit.shadow[0], s.shRoutes, key)
 		}
 	}
 	if override >= 0 {
-		res.Level, res.Entry = LevelOverride, s.entries[override]
+		res.Level, res.Entry, res.Index = LevelOverride, s.entries[override], override
 		return res
 	}
 	if tc != nil && tc.c != nil {
-		if e := hit.find(tc.slot, tc.c, key); e != nil {
-			res.Level, res.Entry = LevelTier, e
+		if e, i := s.find(hit.enforced(tc.slot), tc.c, key); e != nil {
+			res.Level, res.Entry, res.Index = LevelTier, e, i
 			return res
 		}
 	}
 	if s.routes != nil {
-		if e := hit.find(0, s.routes, key); e != nil {
-			res.Level, res.Entry = LevelRoute, e
+		if e, i := s.find(hit.enforced(0), s.routes, key); e != nil {
+			res.Level, res.Entry, res.Index = LevelRoute, e, i
 			return res
 		}
 	}
 	if s.def != nil {
-		res.Level, res.Entry = LevelDefault, s.def
+		res.Level, res.Entry, res.Index = LevelDefault, s.def, s.def.Index
 	}
 	return res
 }
@@ -103,16 +111,17 @@ func (c *class) find(gi int32, key string) *Entry {
 	return nil
 }
 
-// fixed returns what find returns for every key given gi, if that does not
-// depend on the key (noEntry for nil), or nil.
-func (c *class) fixed(gi int32) *Entry {
+// fixed returns the index (in Snapshot.entries) of what find returns for
+// every key given gi, if that does not depend on the key; else noFixed, or
+// noEntry when find returns nil for every key.
+func (c *class) fixed(gi int32) int32 {
 	for _, g := range [2]*group{c.groupAt(gi), c.any} {
 		switch {
 		case g == nil:
 		case len(g.exact) > 0 || len(g.prefixes) > 0:
-			return nil
+			return noFixed
 		case g.all != nil:
-			return g.all
+			return int32(g.all.Index)
 		}
 	}
 	return noEntry
@@ -125,8 +134,12 @@ func (c *class) groupAt(gi int32) *group {
 	return c.groups[gi]
 }
 
-// noEntry marks, in a routeHit, a class that has no rule for the route.
-var noEntry = new(Entry)
+// In a hitSlot, noFixed marks a class whose answer depends on the key, and
+// noEntry one that has no rule for the route.
+const (
+	noFixed int32 = -1
+	noEntry int32 = -2
+)
 
 // find returns the group's most specific rule for key: exact, then the
 // longest prefix, then the rule without a key glob.
@@ -153,28 +166,52 @@ type routeCache struct {
 	slots [cacheSize]atomic.Pointer[routeHit]
 }
 
-// routeHit is which group every class's mux chose for one request line.
+// inlineSlots is the number of enforced classes' slots a routeHit holds on
+// its second cache line: the route rules and seven tiers.
+const inlineSlots = 8
+
+// routeHit is which group every class's mux chose for one request line. A
+// request reads the line's strings and one slot: with the strings on the
+// first cache line of the routeHit and the enforced classes' slots on the
+// second, two lines (a routeHit is 192 bytes, a size class of whole lines).
 type routeHit struct {
-	method, host, path, raw string
-	// slots: 0 route rules, 1 shadow route rules, then per tier its
-	// enforced and its shadow class.
-	slots []hitSlot
+	path, method, host, raw string
+	// inline and more are the enforced classes' slots, by tierClasses.slot
+	// (0: the route rules): inline, then more past inlineSlots.
+	inline [inlineSlots]hitSlot
+	more   []hitSlot
+	// shadow are the shadow classes' slots, by the same index (0: the
+	// shadow route rules); nil without shadow rules.
+	shadow []hitSlot
+	_      [16]byte
+}
+
+// enforced returns the slot of the enforced class of index i.
+func (h *routeHit) enforced(i int) hitSlot {
+	if i < inlineSlots {
+		return h.inline[i]
+	}
+	return h.more[i-inlineSlots]
 }
 
 type hitSlot struct {
-	gi int32  // the group's index; -1 when the class has no route for it
-	e  *Entry // the class's answer when it is the same for every key (class.fixed)
+	gi  int32 // the group's index; -1 when the class has no route for it
+	fix int32 // the class's answer when it is the same for every key (class.fixed)
 }
 
-// find is c.find, for c at slot i.
-func (h *routeHit) find(i int, c *class, key string) *Entry {
-	switch e := h.slots[i].e; e {
-	case nil:
-		return c.find(h.slots[i].gi, key)
+// find is c.find, for c with slot sl, with the entry's index (-1 for
+// none).
+func (s *Snapshot) find(sl hitSlot, c *class, key string) (*Entry, int) {
+	switch sl.fix {
+	case noFixed:
+		if e := c.find(sl.gi, key); e != nil {
+			return e, e.Index
+		}
+		return nil, -1
 	case noEntry:
-		return nil
+		return nil, -1
 	default:
-		return e
+		return s.entries[sl.fix], int(sl.fix)
 	}
 }
 
@@ -189,12 +226,26 @@ func (s *Snapshot) route(r *http.Request) *routeHit {
 			return c
 		}
 	}
-	c := &routeHit{method: r.Method, host: r.Host, path: u.Path, raw: u.RawPath, slots: make([]hitSlot, s.nslots)}
-	c.slots[0] = s.routes.match(r)
-	c.slots[1] = s.shRoutes.match(r)
+	c := &routeHit{method: r.Method, host: r.Host, path: u.Path, raw: u.RawPath}
+	if s.nslots > inlineSlots {
+		c.more = make([]hitSlot, s.nslots-inlineSlots)
+	}
+	en := func(i int) *hitSlot {
+		if i < inlineSlots {
+			return &c.inline[i]
+		}
+		return &c.more[i-inlineSlots]
+	}
+	*en(0) = s.routes.match(r)
+	if s.shadow {
+		c.shadow = make([]hitSlot, s.nslots)
+		c.shadow[0] = s.shRoutes.match(r)
+	}
 	for _, tc := range s.tiers {
-		c.slots[tc.slot] = tc.c.match(r)
-		c.slots[tc.slot+1] = tc.sh.match(r)
+		*en(tc.slot) = tc.c.match(r)
+		if c.shadow != nil {
+			c.shadow[tc.slot] = tc.sh.match(r)
+		}
 	}
 	// Fill an empty way, else replace one picked by the hash's high bits.
 	w := (h >> 32) % cacheWays

@@ -61,8 +61,11 @@ func TestResolveOrder(t *testing.T) {
 		if c.level >= policy.LevelOverride {
 			require.NotNil(t, res.Entry, name)
 			require.Equal(t, c.id, res.Entry.ID, name)
+			require.Equal(t, res.Entry.Index, res.Index, name)
+			require.Same(t, res.Entry, s.Entries()[res.Index], name)
 		} else {
 			require.Nil(t, res.Entry, name)
+			require.Equal(t, -1, res.Index, name)
 		}
 		if c.level == policy.LevelDeny {
 			require.Equal(t, 403, res.Status)
