@@ -185,9 +185,9 @@ func (t *Table) AddPending(key string, w int, now, v int64, b *Batch) View {
 		x = p.latest.Load() // rotated past x since window(): count in the newest
 	}
 	p.slot[parity(x, size)].add(v)
-	t.addDiff(b, counterRef{e: e, w: uint8(w), start: x}, e.key, v)
+	t.addDiff(b, counterRef{e: e, w: uint8(w), start: x}, e.key(), v)
 	e.mu.Unlock()
-	t.addRead(b, counterRef{e: e, w: uint8(w), start: x - size}, e.key)
+	t.addRead(b, counterRef{e: e, w: uint8(w), start: x - size}, e.key())
 	t.touch(s, e)
 	vw := View{Start: x, Cur: p.view(x, size), Prev: p.view(x-size, size)}
 	s.unlock(excl)
@@ -199,8 +199,8 @@ func (t *Table) AddPending(key string, w int, now, v int64, b *Batch) View {
 func (t *Table) PeekReads(key string, w int, now int64, b *Batch) {
 	s, e, excl := t.lock(key, now)
 	x, _ := t.window(e, w, now)
-	t.addRead(b, counterRef{e: e, w: uint8(w), start: x}, e.key)
-	t.addRead(b, counterRef{e: e, w: uint8(w), start: x - t.sizeMS[w]}, e.key)
+	t.addRead(b, counterRef{e: e, w: uint8(w), start: x}, e.key())
+	t.addRead(b, counterRef{e: e, w: uint8(w), start: x - t.sizeMS[w]}, e.key())
 	s.unlock(excl)
 }
 

@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"encoding/binary"
 	"math"
 	"strings"
 	"sync"
@@ -130,18 +131,22 @@ type pair struct {
 }
 
 // inlineKey is the longest key an entry holds in its own memory.
-const inlineKey = 20
+const inlineKey = 27
 
 // entry is one key's counters for up to two window sizes. Its size is part of
 // the memory budget: 128 bytes, two cache lines (the allocator's 128-byte
 // class keeps it aligned to them), checked by a test. A key of up to inlineKey
 // bytes is stored inside the entry, so a lookup reads the key's bytes from the
 // cache line it already reads, instead of from a separate allocation (a cache
-// miss of its own in a large table); a longer key is a separate copy.
+// miss of its own in a large table). A longer key is a separate copy that
+// long points to, its length in the first bytes of buf: no string header
+// is kept, which leaves 27 bytes inline, room for a policy rule's prefix
+// before most client keys.
 type entry struct {
-	key   string // points into buf, or to a copy of a longer key
+	long  *byte // a longer key's bytes, or nil
 	flags atomic.Uint32
 	mu    sync.Mutex // rotation and sync bookkeeping; never taken by a plain increment
+	klen  uint8      // the key's length, or longKey (as a bucket's)
 	buf   [inlineKey]byte
 	w     [2]pair
 }
@@ -151,14 +156,12 @@ type entry struct {
 func newEntry(key string) *entry {
 	e := &entry{}
 	if len(key) <= inlineKey {
-		n := copy(e.buf[:], key)
-		// e.buf is never written again, so the string stays immutable. An
-		// empty key (the table does not forbid one) needs no bytes.
-		if n > 0 {
-			e.key = unsafe.String(&e.buf[0], n)
-		}
+		// e.buf is never written again, so the key stays immutable.
+		e.klen = uint8(copy(e.buf[:], key))
 	} else {
-		e.key = strings.Clone(key)
+		e.long = unsafe.StringData(strings.Clone(key))
+		e.klen = longKey
+		binary.LittleEndian.PutUint32(e.buf[:], uint32(len(key)))
 	}
 	for w := range e.w {
 		e.w[w].latest.Store(noWindow)
@@ -167,6 +170,25 @@ func newEntry(key string) *entry {
 		}
 	}
 	return e
+}
+
+// key returns e's key, without copying it.
+func (e *entry) key() string {
+	switch e.klen {
+	case longKey:
+		return unsafe.String(e.long, int(binary.LittleEndian.Uint32(e.buf[:])))
+	case 0:
+		return ""
+	}
+	return unsafe.String(&e.buf[0], int(e.klen))
+}
+
+// keyIs reports whether e's key is key.
+func (e *entry) keyIs(key string) bool {
+	if len(key) > inlineKey {
+		return e.klen == longKey && e.key() == key
+	}
+	return int(e.klen) == len(key) && string(e.buf[:len(key)]) == key
 }
 
 func parity(start, size int64) int {

@@ -19,7 +19,7 @@ func (t *Table) retire(ref counterRef, local, acked int64) {
 		return
 	}
 	t.retMu.Lock()
-	t.retired[ref] = &retired{key: ref.e.key, local: local, acked: acked}
+	t.retired[ref] = &retired{key: ref.e.key(), local: local, acked: acked}
 	n := len(t.retired)
 	if n > t.shedAt {
 		t.shed()

@@ -148,7 +148,7 @@ func (t *Table) Keys(now int64, dst []string) []string {
 		s.mu.RLock()
 		for _, e := range s.slots {
 			if e != nil && !e.expired(t, now) {
-				dst = append(dst, e.key)
+				dst = append(dst, e.key())
 			}
 		}
 		s.mu.RUnlock()
@@ -422,7 +422,7 @@ func (t *Table) collectSlot(e *entry, c *collector, w int, x int64, s *slot, new
 	bit := uint32(1) << (2*w + parity(x, size))
 	switch {
 	case d != 0:
-		t.addDiff(c.b, ref, e.key, d)
+		t.addDiff(c.b, ref, e.key(), d)
 		if t.watch {
 			e.markDiff(t.cycle, bit)
 		}
@@ -433,15 +433,15 @@ func (t *Table) collectSlot(e *entry, c *collector, w int, x int64, s *slot, new
 		// (but for the windows this cycle pushed a diff of: their totals
 		// came back with it, after the cursor).
 		if (t.fullReading(w, x) && !e.diffed(t.cycle, bit)) || (s.synced.Load() == unknown && t.worthReading(x, c.now, cur, size, s)) {
-			t.addRead(c.b, ref, e.key)
+			t.addRead(c.b, ref, e.key())
 		}
 	case t.worthReading(x, c.now, cur, size, s):
-		t.addRead(c.b, ref, e.key)
+		t.addRead(c.b, ref, e.key())
 	}
 	if c.reads && t.readAhead > 0 && newest && x >= cur && c.now >= x+size-t.readAhead && (!t.watch || t.fullReading(w, x+size)) {
 		// The window after the newest held: hits there mean other
 		// nodes' clocks are ahead of this one's.
-		t.addRead(c.b, counterRef{e: e, w: uint8(w), start: x + size}, e.key)
+		t.addRead(c.b, counterRef{e: e, w: uint8(w), start: x + size}, e.key())
 	}
 }
 
@@ -540,7 +540,7 @@ func (t *Table) remark(e *entry) {
 	if t.walk {
 		return // the next Collect visits every entry anyway
 	}
-	s, found := t.lookup(e.key)
+	s, found := t.lookup(e.key())
 	if found == nil {
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"testing/quick"
@@ -27,9 +28,34 @@ func newTable(t testing.TB, opts Options) *Table {
 
 func TestEntrySize(t *testing.T) {
 	// The memory budget (200 bytes per key with two window sizes) counts on
-	// this: an Entry is one 160-byte allocation (a size class), which holds
-	// keys of up to inlineKey bytes.
+	// this: an entry is one 128-byte allocation (a size class, two cache
+	// lines), which holds keys of up to inlineKey bytes.
 	require.Equal(t, uintptr(128), unsafe.Sizeof(entry{}))
+	require.Equal(t, 27, inlineKey)
+}
+
+// TestEntryKeys stores keys around the inline length, and keys that differ
+// only past it or in length: each is found as itself, and only as itself.
+func TestEntryKeys(t *testing.T) {
+	long := strings.Repeat("k", 100)
+	keys := []string{"", "a", strings.Repeat("x", inlineKey-1), strings.Repeat("x", inlineKey),
+		strings.Repeat("x", inlineKey+1), strings.Repeat("x", inlineKey) + "y", long, long[:99] + "j"}
+	for _, k := range keys {
+		e := newEntry(k)
+		require.Equal(t, k, e.key())
+		require.Equal(t, len(k) > inlineKey, e.long != nil, "%q", k)
+		for _, o := range keys {
+			require.Equal(t, o == k, e.keyIs(o), "%q is %q", k, o)
+		}
+	}
+	// Through the table: each key counts apart.
+	tb := newTable(t, Options{Sizes: []time.Duration{time.Second}})
+	for i, k := range keys {
+		tb.Add(k, 0, 0, int64(i+1))
+	}
+	for i, k := range keys {
+		require.EqualValues(t, i+1, tb.Peek(k, 0, 0).Cur, "%q", k)
+	}
 }
 
 func TestNewRejectsBadOptions(t *testing.T) {
