@@ -164,10 +164,19 @@ func BenchmarkIncrement(b *testing.B) {
 // BenchmarkMemoryPerKey reports the heap bytes each tracked key costs with two
 // window sizes, over 1M keys.
 func BenchmarkMemoryPerKey(b *testing.B) {
+	// 13-byte keys, and 24-byte ones (an API key, a policy rule's prefix
+	// before a client key): both fit in an entry.
+	for _, format := range []string{"user:%08d", "sk_live_%016d"} {
+		name := fmt.Sprintf("key-%d-bytes", len(fmt.Sprintf(format, 0)))
+		b.Run(name, func(b *testing.B) { benchMemoryPerKey(b, format) })
+	}
+}
+
+func benchMemoryPerKey(b *testing.B, format string) {
 	const n = 1_000_000
 	keys := make([]string, n)
 	for i := range keys {
-		keys[i] = fmt.Sprintf("user:%08d", i)
+		keys[i] = fmt.Sprintf(format, i)
 	}
 	ctx := context.Background()
 	for b.Loop() {
