@@ -65,7 +65,7 @@ func (ns *Namespace) decideWindows(ctx context.Context, d *Decision, key string,
 		}
 		return admits(sts, limits, now, cost, count)
 	}
-	views, ok, held, open := t.AddWindowsOpen(stored, now, mask, [2]int64{cost, cost}, !count, ns.cold != nil, judge)
+	views, ok, held, open := t.AddWindowsOpen(stored, now, mask, [2]int64{cost, cost}, !count, ns.cold != nil, true, judge)
 	switch {
 	case !open:
 		return "", 0, closedOr(ctx)

@@ -259,7 +259,7 @@ func (ns *Namespace) Increment(ctx context.Context, key string, window time.Dura
 		return 0, err
 	}
 	now := ns.now()
-	views, _, held, open := t.AddWindowsOpen(stored, now, 1<<(i%2), [2]int64{value, value}, false, ns.cold != nil, admitAll)
+	views, _, held, open := t.AddWindowsOpen(stored, now, 1<<(i%2), [2]int64{value, value}, false, ns.cold != nil, true, admitAll)
 	switch {
 	case !open:
 		return 0, closedOr(ctx)

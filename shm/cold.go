@@ -67,7 +67,7 @@ func (t *Table) Unref(key string) {
 // held. A periodic namespace that reads cold keys first makes its check and
 // learns whether the key is cold in one lookup.
 func (t *Table) AddWindowsIfHeld(key string, now int64, mask uint8, v [2]int64, peek bool) ([2]View, bool) {
-	out, _, held, _ := t.addWindowsAt(key, now, mask, v, peek, true, false, nil)
+	out, _, held, _ := t.AddWindowsOpen(key, now, mask, v, peek, true, false, nil)
 	return out, held
 }
 
@@ -92,16 +92,12 @@ func (t *Table) Seal() {
 // and nothing done for a key the table does not hold) for a caller that
 // judges the views at once: when judge rejects the views and the call
 // counts (not peek), v is taken back under the same hold of the key's
-// shard, and the views returned are those after. ok is judge's verdict. On
-// a sealed table it counts nothing and returns open false.
-func (t *Table) AddWindowsOpen(key string, now int64, mask uint8, v [2]int64, peek, ifHeld bool, judge func([2]View) bool) (out [2]View, ok, held, open bool) {
-	return t.addWindowsAt(key, now, mask, v, peek, ifHeld, true, judge)
-}
-
-// addWindowsAt is AddWindows, AddWindowsIfHeld (ifHeld) and AddWindowsOpen
-// (sealable, judge): one lookup of key, under whose shard lock it counts,
-// judges (a nil judge admits) and takes a rejected count back.
-func (t *Table) addWindowsAt(key string, now int64, mask uint8, v [2]int64, peek, ifHeld, sealable bool, judge func([2]View) bool) (out [2]View, ok, held, open bool) {
+// shard, and the views returned are those after. ok is judge's verdict (a
+// nil judge admits). With sealable, a sealed table counts nothing and
+// open is false; the lean decision paths, which Close does not wait for,
+// pass it. It is the body of AddWindows and AddWindowsIfHeld too, and no
+// wrapper of its own: the hot paths call it directly.
+func (t *Table) AddWindowsOpen(key string, now int64, mask uint8, v [2]int64, peek, ifHeld, sealable bool, judge func([2]View) bool) (out [2]View, ok, held, open bool) {
 	var s *shard
 	var e *entry
 	excl := false

@@ -210,7 +210,7 @@ func (t *Table) PeekReads(key string, w int, now int64, b *Batch) {
 // serves both sizes, which is what a check against several limits needs.
 // Unused indexes get a zero View.
 func (t *Table) AddWindows(key string, now int64, mask uint8, v [2]int64, peek bool) [2]View {
-	out, _, _, _ := t.addWindowsAt(key, now, mask, v, peek, false, false, nil)
+	out, _, _, _ := t.AddWindowsOpen(key, now, mask, v, peek, false, false, nil)
 	return out
 }
 

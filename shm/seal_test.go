@@ -18,31 +18,31 @@ func TestAddWindowsOpen(t *testing.T) {
 	admit := func([2]View) bool { return true }
 	reject := func([2]View) bool { return false }
 
-	_, _, held, open := tb.AddWindowsOpen("k", now, 3, v, false, true, admit)
+	_, _, held, open := tb.AddWindowsOpen("k", now, 3, v, false, true, true, admit)
 	require.True(t, open)
 	require.False(t, held, "ifHeld: nothing for a key not held")
 	require.Zero(t, tb.Len())
 
-	out, ok, held, open := tb.AddWindowsOpen("k", now, 3, v, false, false, admit)
+	out, ok, held, open := tb.AddWindowsOpen("k", now, 3, v, false, false, true, admit)
 	require.True(t, ok && held && open)
 	require.Equal(t, int64(2), out[0].Cur)
 	require.Equal(t, int64(2), out[1].Cur)
 
 	var seen [2]View
-	out, ok, _, _ = tb.AddWindowsOpen("k", now, 3, v, false, true, func(vs [2]View) bool { seen = vs; return false })
+	out, ok, _, _ = tb.AddWindowsOpen("k", now, 3, v, false, true, true, func(vs [2]View) bool { seen = vs; return false })
 	require.False(t, ok)
 	require.Equal(t, int64(4), seen[0].Cur, "judged with the count")
 	require.Equal(t, int64(2), out[0].Cur, "rejected: taken back")
 	require.Equal(t, int64(2), out[1].Cur)
 
-	out, ok, _, _ = tb.AddWindowsOpen("k", now, 3, v, true, true, reject)
+	out, ok, _, _ = tb.AddWindowsOpen("k", now, 3, v, true, true, true, reject)
 	require.False(t, ok)
 	require.Equal(t, int64(2), out[0].Cur, "a peek counts nothing, and takes nothing back")
 	require.Equal(t, int64(2), tb.Peek("k", 0, now).Cur)
 
 	tb.Seal()
 	for _, ifHeld := range []bool{false, true} {
-		_, ok, _, open = tb.AddWindowsOpen("k", now, 3, v, false, ifHeld, admit)
+		_, ok, _, open = tb.AddWindowsOpen("k", now, 3, v, false, ifHeld, true, admit)
 		require.False(t, ok || open)
 	}
 	require.Equal(t, int64(2), tb.Peek("k", 0, now).Cur, "nothing counted once sealed")
@@ -57,7 +57,7 @@ func TestSealWaitsForCalls(t *testing.T) {
 	inside, release := make(chan struct{}), make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		_, ok, _, open := tb.AddWindowsOpen("k", now, 1, [2]int64{1, 1}, false, false, func([2]View) bool {
+		_, ok, _, open := tb.AddWindowsOpen("k", now, 1, [2]int64{1, 1}, false, false, true, func([2]View) bool {
 			close(inside)
 			<-release
 			return true
