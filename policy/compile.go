@@ -106,10 +106,12 @@ type Snapshot struct {
 	prefixes []prefixSet     // list prefixes, longest first
 	stems    map[string]bool // the first stemLen bytes of every list prefix
 	stemLen  int             // the shortest list prefix's length
+	stemBits *stemFilter     // the stems' hashes: rules out most keys before the map
 	allowAll bool
 	denyCode int
 	def      *Entry
 	tiers    map[string]*tierClasses
+	tierList []*tierClasses // the tiers, when few: scanned rather than hashed (see tier)
 	routes   *class
 	shRoutes *class      // shadow rules without a tier
 	nslots   int         // route slots: 1 + 1 per tier (see routeHit)
@@ -139,6 +141,7 @@ type class struct {
 
 // tierClasses holds a tier's rules: enforced and shadow.
 type tierClasses struct {
+	name  string
 	c, sh *class
 	slot  int // both classes' route slot (see routeHit)
 }
@@ -324,9 +327,11 @@ func build(doc *Document, p *problems, ovs *overrideList) *Snapshot {
 		// per prefix length.
 		s.stemLen = s.prefixes[len(s.prefixes)-1].n
 		s.stems = map[string]bool{}
+		s.stemBits = new(stemFilter)
 		for _, ps := range s.prefixes {
 			for p := range ps.m {
 				s.stems[p[:s.stemLen]] = true
+				s.stemBits.add(p[:s.stemLen])
 			}
 		}
 	}
@@ -434,7 +439,7 @@ func build(doc *Document, p *problems, ovs *overrideList) *Snapshot {
 			e.Level = LevelTier
 			tc := s.tiers[m.Tier]
 			if tc == nil {
-				tc = &tierClasses{slot: s.nslots}
+				tc = &tierClasses{name: m.Tier, slot: s.nslots}
 				s.nslots++
 				s.tiers[m.Tier] = tc
 			}
@@ -474,6 +479,11 @@ func build(doc *Document, p *problems, ovs *overrideList) *Snapshot {
 	}
 	for i, e := range s.entries {
 		e.Index = i
+	}
+	if len(s.tiers) <= maxTierScan {
+		for _, tc := range s.tiers {
+			s.tierList = append(s.tierList, tc)
+		}
 	}
 	return s
 }

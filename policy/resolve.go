@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"encoding/binary"
 	"hash/maphash"
 	"net/http"
 	"sync/atomic"
@@ -39,14 +40,14 @@ func (s *Snapshot) Resolve(r *http.Request, key, tier string) Resolution {
 	// one after the other.
 	var tc *tierClasses
 	if tier != "" {
-		tc = s.tiers[tier]
+		tc = s.tier(tier)
 	}
 	var hit *routeHit
 	if tc != nil || s.routes != nil || s.shRoutes != nil {
 		hit = s.route(r)
 	}
 	flags, override := s.keys.get(key)
-	if flags&flagDeny == 0 && (s.stems == nil || len(key) >= s.stemLen && s.stems[key[:s.stemLen]]) {
+	if flags&flagDeny == 0 && (s.stems == nil || len(key) >= s.stemLen && s.stemBits.mayHold(key[:s.stemLen]) && s.stems[key[:s.stemLen]]) {
 		for _, ps := range s.prefixes {
 			if ps.n <= len(key) {
 				flags |= ps.m[key[:ps.n]]
@@ -94,6 +95,23 @@ func (s *Snapshot) Resolve(r *http.Request, key, tier string) Resolution {
 		res.Level, res.Entry, res.Index = LevelDefault, s.def, s.def.Index
 	}
 	return res
+}
+
+// maxTierScan is the most tiers a snapshot finds by comparing the request's
+// tier with each, which costs less than a map lookup's hash.
+const maxTierScan = 8
+
+// tier returns the classes of the tier named name, or nil.
+func (s *Snapshot) tier(name string) *tierClasses {
+	if len(s.tiers) > maxTierScan {
+		return s.tiers[name]
+	}
+	for _, tc := range s.tierList {
+		if tc.name == name {
+			return tc
+		}
+	}
+	return nil
 }
 
 // find returns the most specific rule of c for key, given the index of the
@@ -216,6 +234,33 @@ func (s *Snapshot) find(sl hitSlot, c *class, key string) (*Entry, int) {
 }
 
 var seedOnce = maphash.MakeSeed()
+
+// stemFilter is a set of 4,096 bits, one per stem hash: a key whose stem's
+// bit is clear matches no list prefix, found without a map lookup (a stem of
+// up to 8 bytes hashes in a multiplication).
+type stemFilter [64]uint64
+
+func stemBit(stem string) uint64 {
+	var h uint64
+	if len(stem) <= 8 {
+		var b [8]byte
+		copy(b[:], stem)
+		h = (binary.LittleEndian.Uint64(b[:]) ^ uint64(len(stem))) * 0x9e3779b97f4a7c15
+	} else {
+		h = maphash.String(seedOnce, stem)
+	}
+	return h >> 52
+}
+
+func (f *stemFilter) add(stem string) {
+	b := stemBit(stem)
+	f[b/64] |= 1 << (b % 64)
+}
+
+func (f *stemFilter) mayHold(stem string) bool {
+	b := stemBit(stem)
+	return f[b/64]&(1<<(b%64)) != 0
+}
 
 func (s *Snapshot) route(r *http.Request) *routeHit {
 	u := r.URL

@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -184,4 +185,91 @@ func TestHasTiers(t *testing.T) {
 	s, err = policy.Load([]byte("rules: [{id: a, match: {route: \"GET /a\"}, limits: [{window: 1m, max: 1}]}]"), 1, policy.Options{})
 	require.NoError(t, err)
 	require.False(t, s.HasTiers())
+}
+
+// TestListPrefixesMatchNaive resolves random keys against allow and deny
+// lists of prefixes of several lengths (the stem filter and the map behind
+// it) and of exact keys, and checks each answer against a direct scan of
+// the lists. Keys and prefixes come from a four-letter alphabet, so many
+// keys share a stem with some prefix.
+func TestListPrefixesMatchNaive(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	word := func(n int) string {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = "abcd"[rng.IntN(4)]
+		}
+		return string(b)
+	}
+	for _, short := range []int{2, 10} { // stems hashed by multiplication, then by maphash
+		var allow, deny []string
+		for i := range 12 {
+			allow = append(allow, word(short+rng.IntN(3))+"*")
+			deny = append(deny, word(short+rng.IntN(3))+"*")
+			if i%4 == 0 {
+				allow = append(allow, word(short+rng.IntN(6)))
+				deny = append(deny, word(short+rng.IntN(6)))
+			}
+		}
+		doc := &policy.Document{Default: &policy.Target{Limits: []policy.Limit{{Window: policy.Duration(time.Minute), Max: 1}}},
+			Allow: allow, Deny: &policy.DenyList{Keys: deny}}
+		s, err := policy.Compile(doc, 1, policy.Options{})
+		require.NoError(t, err)
+		matches := func(list []string, key string) bool {
+			for _, g := range list {
+				if p, ok := strings.CutSuffix(g, "*"); ok && strings.HasPrefix(key, p) || g == key {
+					return true
+				}
+			}
+			return false
+		}
+		r := httptest.NewRequest("GET", "/", nil)
+		seen := map[policy.Level]int{}
+		var stems []string // keys with a prefix's stem, not always the prefix
+		for _, g := range append(allow, deny...) {
+			stems = append(stems, g[:short])
+		}
+		for range 20_000 {
+			key := word(1 + rng.IntN(short+8))
+			if rng.IntN(2) == 0 {
+				key = stems[rng.IntN(len(stems))] + word(rng.IntN(5))
+			}
+			want := policy.LevelDefault
+			switch {
+			case matches(deny, key):
+				want = policy.LevelDeny
+			case matches(allow, key):
+				want = policy.LevelAllow
+			}
+			require.Equal(t, want, s.Resolve(r, key, "").Level, "key %q", key)
+			seen[want]++
+		}
+		for _, l := range []policy.Level{policy.LevelDeny, policy.LevelAllow, policy.LevelDefault} {
+			require.Greater(t, seen[l], 100, "level %v: the test must see every answer", l)
+		}
+	}
+}
+
+// TestTiersFewAndMany resolves every tier of policies of few tiers (found by
+// a scan) and many (found in a map): each request gets its own tier's rule,
+// and an unknown tier falls through to the default.
+func TestTiersFewAndMany(t *testing.T) {
+	for _, n := range []int{1, 3, 8, 9, 20} {
+		doc := &policy.Document{Default: &policy.Target{Limits: []policy.Limit{{Window: policy.Duration(time.Minute), Max: 1}}}}
+		for i := range n {
+			doc.Rules = append(doc.Rules, policy.Rule{ID: fmt.Sprintf("r%d", i), Match: policy.Match{Tier: fmt.Sprintf("tier%d", i)},
+				Limits: []policy.Limit{{Window: policy.Duration(time.Minute), Max: int64(i + 2)}}})
+		}
+		s, err := policy.Compile(doc, 1, policy.Options{})
+		require.NoError(t, err)
+		r := httptest.NewRequest("GET", "/", nil)
+		for i := range n {
+			res := s.Resolve(r, "k", fmt.Sprintf("tier%d", i))
+			require.Equal(t, policy.LevelTier, res.Level, "%d tiers, tier %d", n, i)
+			require.Equal(t, fmt.Sprintf("r%d", i), res.Entry.ID)
+		}
+		for _, unknown := range []string{"tier", "tier99", "Tier0", "x"} {
+			require.Equal(t, policy.LevelDefault, s.Resolve(r, "k", unknown).Level, "%d tiers, %q", n, unknown)
+		}
+	}
 }
