@@ -34,17 +34,20 @@ type Resolution struct {
 // Route matching is http.ServeMux's, remembered per (method, host, path) in a
 // bounded cache, so a request to a path seen before allocates nothing.
 func (s *Snapshot) Resolve(r *http.Request, key, tier string) Resolution {
-	// The route is looked up first, although a listed key or an override
+	// The route cache is read first, although a listed key or an override
 	// does not need it: its cache lines and the key index's are then read
 	// side by side, and a request waits for one memory latency instead of
-	// one after the other.
+	// one after the other. A route not in the cache is matched and cached
+	// only once the key turns out to need it, so a denied client sending
+	// new paths neither allocates nor evicts other clients' routes.
 	var tc *tierClasses
 	if tier != "" {
 		tc = s.tier(tier)
 	}
 	var hit *routeHit
-	if tc != nil || s.routes != nil || s.shRoutes != nil {
-		hit = s.route(r)
+	routed := tc != nil || s.routes != nil || s.shRoutes != nil
+	if routed && r.URL != nil {
+		hit = s.cachedRoute(r)
 	}
 	flags, override := s.keys.get(key)
 	if flags&flagDeny == 0 && (s.stems == nil || len(key) >= s.stemLen && s.stemBits.mayHold(key[:s.stemLen]) && s.stems[key[:s.stemLen]]) {
@@ -65,6 +68,9 @@ func (s *Snapshot) Resolve(r *http.Request, key, tier string) Resolution {
 	}
 	if override >= 0 && !s.shadow {
 		return Resolution{Level: LevelOverride, Entry: s.entries[override], Index: override}
+	}
+	if routed && hit == nil {
+		hit = s.route(r)
 	}
 	res := Resolution{Index: -1}
 	if s.shadow {
@@ -262,15 +268,38 @@ func (f *stemFilter) mayHold(stem string) bool {
 	return f[b/64]&(1<<(b%64)) != 0
 }
 
-func (s *Snapshot) route(r *http.Request) *routeHit {
+// routeSet returns the first cache slot of the set r's request line maps
+// to, and the hash it was picked by.
+func routeSet(r *http.Request) (first, h uint64) {
+	h = maphash.String(seedOnce, r.URL.Path) ^ uint64(len(r.Method))*0x9e3779b97f4a7c15
+	return (h % (cacheSize / cacheWays)) * cacheWays, h
+}
+
+// cachedRoute returns r's routeHit if the cache holds it, else nil.
+func (s *Snapshot) cachedRoute(r *http.Request) *routeHit {
+	b, _ := routeSet(r)
+	return s.cache.find(b, r)
+}
+
+// find returns r's routeHit from the set starting at slot b, or nil.
+func (rc *routeCache) find(b uint64, r *http.Request) *routeHit {
 	u := r.URL
-	h := maphash.String(seedOnce, u.Path) ^ uint64(len(r.Method))*0x9e3779b97f4a7c15
-	b := (h % (cacheSize / cacheWays)) * cacheWays
 	for w := range uint64(cacheWays) {
-		if c := s.cache.slots[b+w].Load(); c != nil && c.path == u.Path && c.method == r.Method && c.host == r.Host && c.raw == u.RawPath {
+		if c := rc.slots[b+w].Load(); c != nil && c.path == u.Path && c.method == r.Method && c.host == r.Host && c.raw == u.RawPath {
 			return c
 		}
 	}
+	return nil
+}
+
+// route returns r's routeHit, matching and caching it when the cache does
+// not hold it.
+func (s *Snapshot) route(r *http.Request) *routeHit {
+	b, h := routeSet(r)
+	if c := s.cache.find(b, r); c != nil {
+		return c
+	}
+	u := r.URL
 	c := &routeHit{method: r.Method, host: r.Host, path: u.Path, raw: u.RawPath}
 	if s.nslots > inlineSlots {
 		c.more = make([]hitSlot, s.nslots-inlineSlots)
