@@ -220,7 +220,7 @@ func (h *routeHit) enforced(i int) hitSlot {
 
 type hitSlot struct {
 	gi  int32 // the group's index; -1 when the class has no route for it
-	fix int32 // the class's answer when it is the same for every key (class.fixed)
+	fix int32 // the index in Snapshot.entries of the class's answer when it is the same for every key, or noFixed or noEntry (class.fixed)
 }
 
 // find is c.find, for c with slot sl, with the entry's index (-1 for

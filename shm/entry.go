@@ -183,14 +183,6 @@ func (e *entry) key() string {
 	return unsafe.String(&e.buf[0], int(e.klen))
 }
 
-// keyIs reports whether e's key is key.
-func (e *entry) keyIs(key string) bool {
-	if len(key) > inlineKey {
-		return e.klen == longKey && e.key() == key
-	}
-	return int(e.klen) == len(key) && string(e.buf[:len(key)]) == key
-}
-
 func parity(start, size int64) int {
 	return int((start / size) & 1)
 }

@@ -256,7 +256,7 @@ func (s *shard) find(key string, h uint64) *entry {
 		case 0:
 			return nil
 		case tag:
-			if e := s.slots[i]; e.keyIs(key) {
+			if e := s.slots[i]; e.key() == key {
 				return e
 			}
 		}
