@@ -259,19 +259,16 @@ func (ns *Namespace) Increment(ctx context.Context, key string, window time.Dura
 		return 0, err
 	}
 	now := ns.now()
-	views, _, held, open := t.AddWindowsOpen(stored, now, 1<<(i%2), [2]int64{value, value}, false, ns.cold != nil, true, admitAll)
+	v, held, open := t.AddOpen(stored, i%2, now, value, ns.cold != nil, true)
 	switch {
 	case !open:
 		return 0, closedOr(ctx)
 	case !held: // cold: read from the store first
 		return ns.incrementEntered(ctx, key, window, value)
 	}
-	v := views[i%2]
 	return slidingRate(v.Cur, v.Prev, now, v.Start, ns.sizeMS[i]), nil
 }
 
-// admitAll is the judge of a table call that only counts.
-func admitAll([2]shm.View) bool { return true }
 
 // checkIncrement is check, and the check of Increment's value.
 func (ns *Namespace) checkIncrement(ctx context.Context, key string, window time.Duration, value int64) (*shm.Table, int, string, error) {

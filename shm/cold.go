@@ -1,5 +1,7 @@
 package shm
 
+import "math"
+
 // Holds reports whether the table holds an entry for key. It creates nothing
 // and does not mark the entry used: a periodic namespace asks it before a
 // decision, to know whether the key is cold (never seen here, or evicted
@@ -71,19 +73,36 @@ func (t *Table) AddWindowsIfHeld(key string, now int64, mask uint8, v [2]int64, 
 	return out, held
 }
 
-// Seal makes the table refuse what AddWindowsOpen would count from now on,
-// and waits for the calls of it under way: each holds its key's shard for
-// reading, and Seal takes every shard once for writing. When Seal returns,
-// every hit such a call counted is in the table for a Collect to find, and
-// none is counted after. A namespace's Close seals its tables before its
-// last collection, so that its lean decision paths need not register as
-// calls in flight (two atomic writes a call).
+// Seal makes the table refuse what the lean calls (AddWindowsOpen and
+// AddOpen with sealable) would count from now on. When Seal returns, every
+// hit such a call counted is in the table for a Collect to find, and none
+// is counted after. A namespace's Close seals its tables before its last
+// collection, so that its lean decision paths need not register as calls
+// in flight (two atomic writes a call).
+//
+// Some of those calls count without the shard's lock (see addOpenFast), so
+// Seal cannot wait for them: it takes every entry out of the table instead,
+// as an eviction does. Each window's local count moves to a retired record
+// (which the next Collect pushes) and is swapped for poison, so a lock-free
+// addition either came before and is in the record, or sees the poison and
+// is refused. The records are not shed, however many: Close's collection
+// pushes them all. Entries created after Seal (by calls that Close waits
+// for) are marked, and lock-free additions leave them alone.
 func (t *Table) Seal() {
 	t.sealed.Store(true)
+	t.retMu.Lock()
+	t.shedAt = math.MaxInt
+	t.retMu.Unlock()
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
-		//lint:ignore SA2001 a barrier: the lock waits for the readers under way
+		s.each(func(_ uint32, e *entry) {
+			e.mu.Lock()
+			e.retireAll(t)
+			e.mu.Unlock()
+		})
+		s.ix.Store(nil)
+		s.count = 0
 		s.mu.Unlock()
 	}
 }

@@ -25,7 +25,22 @@ const (
 	// flagInFlight (without WriteThrough): some window of the entry is in a
 	// push not settled yet (there is one such push at a time).
 	flagInFlight
+	// flagBornSealed: created after Seal, so a lean call, which Seal
+	// refuses, must not count in it (see addOpenFast).
+	flagBornSealed
 )
+
+// poison is what a window's local count becomes when its entry leaves the
+// table (retireAll swaps it in). A lock-free addition (addOpenFast) that
+// lands on it sees a result near poison: its hit was not in the swapped
+// count, so it takes it back and counts it again through the locked path.
+// Legitimate counts stay within ±(maxLocal + 2^53), far from it.
+const poison = math.MinInt64 / 2
+
+// poisoned reports whether a local count read or returned by an addition
+// is a retired window's poison (with lock-free additions that landed on it
+// since and are being taken back).
+func poisoned(n int64) bool { return n < poison/2 }
 
 // The flags' upper bits record which windows of the entry the current watch
 // cycle pushed a diff for (see Table.Watches): their totals came back with
@@ -92,9 +107,14 @@ func (s *slot) add(v int64) {
 }
 
 // clamp brings a local count that went past ±maxLocal back to the bound.
+// It leaves a poisoned count alone: clamping it would revive a retired
+// window.
 func (s *slot) clamp() {
 	for {
 		n := s.local.Load()
+		if poisoned(n) {
+			return
+		}
 		c := min(max(n, -maxLocal), maxLocal)
 		if c == n || s.local.CompareAndSwap(n, c) {
 			return
@@ -268,10 +288,15 @@ func (e *entry) eachHeld(t *Table, fn func(w int, start int64, s *slot)) {
 }
 
 // retireAll moves every unconfirmed window of e to the retired records and
-// marks e dead. The caller holds e.mu and has removed e from its shard.
+// marks e dead. The caller holds e.mu and is removing e from its shard (a
+// lock-free reader may still hold it). Each local count is swapped for
+// poison, the newest window of a size before the one before it: an
+// addition made without the lock either came first and is in the record, or
+// sees poison and is counted again elsewhere (see addOpenFast).
 func (e *entry) retireAll(t *Table) {
 	e.eachHeld(t, func(w int, x int64, s *slot) {
-		if l, ref := s.local.Load(), (counterRef{e: e, w: uint8(w), start: x}); l != 0 || t.unsettled(ref) {
+		l := s.local.Swap(poison)
+		if ref := (counterRef{e: e, w: uint8(w), start: x}); t.track && (l != 0 || t.unsettled(ref)) {
 			t.retire(ref, l, 0)
 		}
 	})

@@ -146,11 +146,11 @@ func (t *Table) Keys(now int64, dst []string) []string {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.RLock()
-		for _, e := range s.slots {
-			if e != nil && !e.expired(t, now) {
+		s.each(func(_ uint32, e *entry) {
+			if !e.expired(t, now) {
 				dst = append(dst, e.key())
 			}
-		}
+		})
 		s.mu.RUnlock()
 	}
 	return dst
@@ -333,11 +333,11 @@ func (t *Table) collectShard(s *shard, c *collector) {
 func (t *Table) walkShard(s *shard, c *collector) {
 	expired := 0
 	s.mu.RLock()
-	for _, e := range s.slots {
-		if e != nil && t.collectEntry(e, c) {
+	s.each(func(_ uint32, e *entry) {
+		if t.collectEntry(e, c) {
 			expired++
 		}
-	}
+	})
 	drop := expired > 0 && expired*4 >= s.count
 	s.mu.RUnlock()
 	if drop {
@@ -591,14 +591,11 @@ func (t *Table) Pending() (hits int64, retired int) {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.RLock()
-		for _, e := range s.slots {
-			if e == nil {
-				continue
-			}
+		s.each(func(_ uint32, e *entry) {
 			e.mu.Lock()
 			e.eachHeld(t, func(_ int, _ int64, sl *slot) { hits += sl.local.Load() })
 			e.mu.Unlock()
-		}
+		})
 		s.mu.RUnlock()
 	}
 	return hits, retired

@@ -148,9 +148,11 @@ type Table struct {
 }
 
 type shard struct {
-	mu    sync.RWMutex
-	slots []*entry // len is a power of two, or 0
-	tags  []uint32 // tags[i] is the tag (see tagOf) of slots[i]'s key, or 0 for an empty slot
+	mu sync.RWMutex
+	// ix is the shard's index, replaced whole when it grows. Writers hold mu
+	// for writing; lock-free readers (see addOpenFast) load it and its slots
+	// with atomics, so they never see a torn slice.
+	ix    atomic.Pointer[index]
 	count int
 	cap   int // the shard's share of MaxKeys
 	hand  int
@@ -162,6 +164,37 @@ type shard struct {
 }
 
 const minSlots = 8
+
+// index is a shard's open-addressing array: slots[i] holds an entry whose
+// key's tag (see tagOf) is tags[i], or nil with tag 0 for an empty slot.
+// len(tags) == len(slots) == mask+1, a power of two, or 0.
+type index struct {
+	mask  uint32
+	tags  []atomic.Uint32
+	slots []atomic.Pointer[entry]
+}
+
+// size returns the number of slots of s's index.
+func (s *shard) size() int {
+	if ix := s.ix.Load(); ix != nil {
+		return len(ix.slots)
+	}
+	return 0
+}
+
+// each calls fn for every entry s holds, with its slot. The caller holds
+// s.mu.
+func (s *shard) each(fn func(i uint32, e *entry)) {
+	ix := s.ix.Load()
+	if ix == nil {
+		return
+	}
+	for i := range ix.slots {
+		if e := ix.slots[i].Load(); e != nil {
+			fn(uint32(i), e)
+		}
+	}
+}
 
 // New returns an empty Table.
 func New(opts Options) (*Table, error) {
@@ -242,25 +275,30 @@ func tagOf(h uint64) uint32 {
 	return 1
 }
 
-// find returns the entry for key, or nil. The caller holds s.mu.
+// find returns the entry for key, or nil. The caller holds s.mu, or reads
+// without it (addOpenFast): then a lookup racing with a removal or a move
+// may miss the key, never return another key's entry.
 func (s *shard) find(key string, h uint64) *entry {
-	if len(s.slots) == 0 {
+	ix := s.ix.Load()
+	if ix == nil {
 		return nil
 	}
-	m := uint32(len(s.slots) - 1)
+	m := ix.mask
 	tag := tagOf(h)
 	// Probe the tags, which sit 16 to a cache line, and touch an entry only
-	// when its tag matches.
-	for i := tag & m; ; i = (i + 1) & m {
-		switch s.tags[i] {
+	// when its tag matches. The bound keeps a lock-free reader that races
+	// with backward shifts from going round forever.
+	for i, n := tag&m, uint32(0); n <= m; i, n = (i+1)&m, n+1 {
+		switch ix.tags[i].Load() {
 		case 0:
 			return nil
 		case tag:
-			if e := s.slots[i]; e.key() == key {
+			if e := ix.slots[i].Load(); e != nil && e.key() == key {
 				return e
 			}
 		}
 	}
+	return nil
 }
 
 // insert adds a new entry for key (copied). The caller holds s.mu for writing.
@@ -271,36 +309,49 @@ func (t *Table) insert(s *shard, key string, h uint64, now int64) *entry {
 	// The load factor stays at most 7/8: probes read the tag array, sixteen
 	// tags to a cache line, so long runs stay cheap, and a shard at its cap
 	// does not double for a few entries.
-	if (s.count+1)*8 > len(s.slots)*7 {
+	if (s.count+1)*8 > s.size()*7 {
 		// Before growing, drop what has expired: the shard is walked once per
 		// doubling at most, so the cost is amortised over the inserts.
 		t.dropExpired(s, now)
-		if (s.count+1)*8 > len(s.slots)*7 {
-			s.resize(max(minSlots, len(s.slots)*2))
+		if (s.count+1)*8 > s.size()*7 {
+			s.resize(max(minSlots, s.size()*2))
 		}
 	}
 	e := newEntry(key)
+	if t.sealed.Load() {
+		// Seal has dropped (or is dropping) the entries a lean call may
+		// count in without the lock; one created after it is not for them
+		// (see addOpenFast).
+		e.flags.Or(flagBornSealed)
+	}
 	s.place(e, tagOf(h))
 	s.count++
 	return e
 }
 
 // place puts e, whose tag is tag, in the first free slot of its probe chain.
+// The slot is stored before the tag: a lock-free reader that sees the tag
+// finds the entry (or, racing, a nil slot it skips).
 func (s *shard) place(e *entry, tag uint32) {
-	m := uint32(len(s.slots) - 1)
+	ix := s.ix.Load()
+	m := ix.mask
 	i := tag & m
-	for s.tags[i] != 0 {
+	for ix.tags[i].Load() != 0 {
 		i = (i + 1) & m
 	}
-	s.slots[i], s.tags[i] = e, tag
+	ix.slots[i].Store(e)
+	ix.tags[i].Store(tag)
 }
 
 func (s *shard) resize(n int) {
-	oldSlots, oldTags := s.slots, s.tags
-	s.slots, s.tags = make([]*entry, n), make([]uint32, n)
-	for i, e := range oldSlots {
-		if e != nil {
-			s.place(e, oldTags[i])
+	old := s.ix.Load()
+	s.ix.Store(&index{mask: uint32(n - 1), tags: make([]atomic.Uint32, n), slots: make([]atomic.Pointer[entry], n)})
+	if old == nil {
+		return
+	}
+	for i := range old.slots {
+		if e := old.slots[i].Load(); e != nil {
+			s.place(e, old.tags[i].Load())
 		}
 	}
 }
@@ -308,13 +359,17 @@ func (s *shard) resize(n int) {
 // removeAt deletes the entry at slot i with backward-shift deletion, so probe
 // chains stay unbroken without tombstones. The caller holds s.mu for writing.
 func (s *shard) removeAt(i uint32) {
-	m := uint32(len(s.slots) - 1)
-	s.slots[i], s.tags[i] = nil, 0
+	ix := s.ix.Load()
+	m := ix.mask
+	ix.tags[i].Store(0)
+	ix.slots[i].Store(nil)
 	s.count--
-	for j := (i + 1) & m; s.tags[j] != 0; j = (j + 1) & m {
-		if movable(i, j, s.tags[j]&m) {
-			s.slots[i], s.tags[i] = s.slots[j], s.tags[j]
-			s.slots[j], s.tags[j] = nil, 0
+	for j := (i + 1) & m; ix.tags[j].Load() != 0; j = (j + 1) & m {
+		if tj := ix.tags[j].Load(); movable(i, j, tj&m) {
+			ix.slots[i].Store(ix.slots[j].Load())
+			ix.tags[i].Store(tj)
+			ix.tags[j].Store(0)
+			ix.slots[j].Store(nil)
 			i = j
 		}
 	}
@@ -323,13 +378,9 @@ func (s *shard) removeAt(i uint32) {
 // dropEntry retires e's unconfirmed hits, marks it dead and removes it from
 // slot i. The caller holds s.mu for writing.
 func (t *Table) dropEntry(s *shard, i uint32) {
-	e := s.slots[i]
+	e := s.ix.Load().slots[i].Load()
 	e.mu.Lock()
-	if t.track {
-		e.retireAll(t)
-	} else {
-		e.flags.Or(flagDead)
-	}
+	e.retireAll(t)
 	e.mu.Unlock()
 	s.removeAt(i)
 }
@@ -337,8 +388,12 @@ func (t *Table) dropEntry(s *shard, i uint32) {
 // dropExpired removes every entry of s whose windows are all too old to be
 // read. The caller holds s.mu for writing.
 func (t *Table) dropExpired(s *shard, now int64) {
-	for i := 0; i < len(s.slots); {
-		if e := s.slots[i]; e != nil && e.expired(t, now) {
+	ix := s.ix.Load()
+	if ix == nil {
+		return
+	}
+	for i := 0; i < len(ix.slots); {
+		if e := ix.slots[i].Load(); e != nil && e.expired(t, now) {
 			t.dropEntry(s, uint32(i))
 			continue // backward shift may have moved another entry into i
 		}
@@ -350,10 +405,14 @@ func (t *Table) dropExpired(s *shard, now int64) {
 // hand meets one first, else the first one not used since the hand last
 // passed (counted as an eviction). The caller holds s.mu for writing.
 func (t *Table) makeRoom(s *shard, now int64) {
-	for range 2*len(s.slots) + 1 {
-		i := uint32(s.hand & (len(s.slots) - 1))
+	ix := s.ix.Load()
+	if ix == nil {
+		return
+	}
+	for range 2*len(ix.slots) + 1 {
+		i := uint32(s.hand) & ix.mask
 		s.hand++
-		e := s.slots[i]
+		e := ix.slots[i].Load()
 		if e == nil {
 			continue
 		}

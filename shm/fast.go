@@ -1,0 +1,101 @@
+package shm
+
+import "hash/maphash"
+
+// maxFast bounds the value a lock-free addition (addOpenFast) adds: larger
+// ones take the locked path. Additions that land on a retired window's
+// poison are taken back at once, so the poison drifts by at most the
+// additions in flight, each under maxFast: it stays far from any
+// legitimate count.
+const maxFast = 1 << 32
+
+// testHookFast, when set (by tests), runs in addOpenFast just before the
+// addition.
+var testHookFast func()
+
+// AddOpen is AddWindowsOpen for one window size (index w) and a caller that
+// only counts (no judge): it adds v to key's window at now and returns the
+// view after it. A key held, in a window already open, is counted without
+// the shard's lock (see addOpenFast); anything else (a new key, a new
+// window, a value over 2^32) takes AddWindowsOpen's path. held and open are
+// AddWindowsOpen's.
+func (t *Table) AddOpen(key string, w int, now, v int64, ifHeld, sealable bool) (vw View, held, open bool) {
+	if !sealable || !t.sealed.Load() {
+		if vw, ok := t.addOpenFast(key, w, now, v); ok {
+			return vw, true, true
+		}
+	}
+	out, _, held, open := t.AddWindowsOpen(key, now, 1<<w, [2]int64{v, v}, false, ifHeld, sealable, nil)
+	return out[w], held, open
+}
+
+// addOpenFast counts v in key's window of size index w at now without
+// locking the shard, and reports false (having counted nothing) when it
+// cannot: the key is not found, its entry is dead or was created after
+// Seal, now is in a window the entry has not opened yet (rotating needs
+// the entry's lock), or |v| > maxFast.
+//
+// Without the shard's lock, the entry may leave the table (evicted,
+// expired, or taken by Seal) while the addition is made. retireAll swaps
+// each local count for poison under the entry's lock, the newest window
+// first, so the addition's result tells which came first: a result near
+// poison means the hit is not in the retired record, and it is taken back
+// and counted through the locked path, on the key's new entry (or refused,
+// sealed); any other result means the swap came after and carried the hit
+// into the record, which the next Collect pushes. Either way the hit is
+// counted once.
+//
+// The window before is read before the addition, so that it is read before
+// the swaps too. Only if a rotation and a retirement both came between the
+// two does it read poison: the hit was counted, in an entry that is gone,
+// and the view reports the window before as empty.
+func (t *Table) addOpenFast(key string, w int, now, v int64) (View, bool) {
+	if v > maxFast || v < -maxFast {
+		return View{}, false
+	}
+	h := maphash.String(t.seed, key)
+	s := t.shardOf(h)
+	e := s.find(key, h)
+	if e == nil || e.flags.Load()&(flagDead|flagBornSealed) != 0 {
+		return View{}, false
+	}
+	p := &e.w[w]
+	lat := p.latest.Load()
+	x, par := t.windowOf(w, now)
+	if lat == noWindow || x > lat {
+		return View{}, false
+	}
+	if x < lat { // the clock went back: count in the newest window (see window)
+		x, par = lat, parity(lat, t.sizeMS[w])
+	}
+	prev, cur := &p.slot[par^1], &p.slot[par]
+	pl := prev.local.Load()
+	ps := prev.synced.Load()
+	if testHookFast != nil {
+		testHookFast()
+	}
+	n := cur.local.Add(v)
+	if poisoned(n) {
+		cur.local.Add(-v)
+		return View{}, false
+	}
+	if n > maxLocal || n < -maxLocal {
+		cur.clamp()
+		n = min(max(n, -maxLocal), maxLocal)
+	}
+	vw := View{Start: x, Cur: known(cur.synced.Load()) + n}
+	if !poisoned(pl) {
+		vw.Prev = known(ps) + pl
+	}
+	e.markUsed()
+	t.touch(s, e)
+	return vw, true
+}
+
+// known returns a synced count, 0 while unknown.
+func known(sy int64) int64 {
+	if sy == unknown {
+		return 0
+	}
+	return sy
+}
