@@ -706,9 +706,10 @@ func ExampleNamespace_Allow() {
 	// allowed=false policy=per-minute remaining=0 retry-after=50s
 }
 
-// BenchmarkAllow measures Allow with two limits (1 s and 1 min) on existing
-// keys among 100,000 (uniform, as the goal is stated, and one hot key, which
-// shows the decision's own CPU cost without cache misses), next to the
+// BenchmarkAllow measures Allow with two limits (1 s and 1 min), and with the
+// second alone (allow1), on existing keys among 100,000 (uniform, as the
+// goal is stated, and one hot key, which shows the decision's own CPU cost
+// without cache misses), next to the
 // map-plus-atomic baseline on the same keys, in the same run. The limits are
 // high, so every request is admitted: the common path. The clock is the real
 // one (its read is part of the cost), except in "coarse" (see benchNamespace).
@@ -736,6 +737,16 @@ func BenchmarkAllow(b *testing.B) {
 					})
 				})
 			}
+			// One limit: one window size, which the table judges and counts
+			// without its shard's lock.
+			b.Run("allow1-async/"+pattern+"/"+run, func(b *testing.B) {
+				ns := benchNamespace(b, "async")
+				runPattern(b, par, idx, func(k string) {
+					if d, err := ns.Allow(ctx, k, 1, limits[1]); err != nil || !d.Allowed {
+						b.Fatal(d, err)
+					}
+				})
+			})
 		}
 	}
 }

@@ -269,7 +269,6 @@ func (ns *Namespace) Increment(ctx context.Context, key string, window time.Dura
 	return slidingRate(v.Cur, v.Prev, now, v.Start, ns.sizeMS[i]), nil
 }
 
-
 // checkIncrement is check, and the check of Increment's value.
 func (ns *Namespace) checkIncrement(ctx context.Context, key string, window time.Duration, value int64) (*shm.Table, int, string, error) {
 	t, i, key, err := ns.check(ctx, key, window)

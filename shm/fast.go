@@ -53,43 +53,114 @@ func (t *Table) addOpenFast(key string, w int, now, v int64) (View, bool) {
 	if v > maxFast || v < -maxFast {
 		return View{}, false
 	}
+	f, ok := t.findFast(key, w, now)
+	if !ok {
+		return View{}, false
+	}
+	pl := f.prev.local.Load()
+	ps := f.prev.synced.Load()
+	if testHookFast != nil {
+		testHookFast()
+	}
+	n := f.cur.local.Add(v)
+	if poisoned(n) {
+		f.cur.local.Add(-v)
+		return View{}, false
+	}
+	if n > maxLocal || n < -maxLocal {
+		f.cur.clamp()
+		n = min(max(n, -maxLocal), maxLocal)
+	}
+	vw := View{Start: f.x, Cur: known(f.cur.synced.Load()) + n}
+	if !poisoned(pl) {
+		vw.Prev = known(ps) + pl
+	}
+	f.e.markUsed()
+	t.touch(f.s, f.e)
+	return vw, true
+}
+
+// fastSlots is what a lock-free call found for a key and window size: the
+// key's shard and entry, and the window the call counts in (starting at x)
+// with the one before it.
+type fastSlots struct {
+	s         *shard
+	e         *entry
+	x         int64
+	prev, cur *slot
+}
+
+// findFast finds key's entry without the shard's lock, and its window of
+// size index w at now. It reports false when a lock-free call cannot use
+// it: the key is not found, the entry is dead or was created after Seal, or
+// now is in a window the entry has not opened (rotating needs its lock).
+func (t *Table) findFast(key string, w int, now int64) (fastSlots, bool) {
 	h := maphash.String(t.seed, key)
 	s := t.shardOf(h)
 	e := s.find(key, h)
 	if e == nil || e.flags.Load()&(flagDead|flagBornSealed) != 0 {
-		return View{}, false
+		return fastSlots{}, false
 	}
 	p := &e.w[w]
 	lat := p.latest.Load()
 	x, par := t.windowOf(w, now)
 	if lat == noWindow || x > lat {
-		return View{}, false
+		return fastSlots{}, false
 	}
 	if x < lat { // the clock went back: count in the newest window (see window)
 		x, par = lat, parity(lat, t.sizeMS[w])
 	}
-	prev, cur := &p.slot[par^1], &p.slot[par]
-	pl := prev.local.Load()
-	ps := prev.synced.Load()
-	if testHookFast != nil {
-		testHookFast()
+	return fastSlots{s: s, e: e, x: x, prev: &p.slot[par^1], cur: &p.slot[par]}, true
+}
+
+// maxJudgeTries bounds judgeFast's attempts before it leaves a key whose
+// count others keep changing to the locked path.
+const maxJudgeTries = 4
+
+// judgeFast is AddWindowsOpen for one window size (index w), without the
+// shard's lock: it judges the views with v counted and, if judge admits
+// (and not peek), counts v with a compare-and-swap of the local count it
+// judged. Nothing is ever taken back: a rejected call counts nothing, and
+// a swap that fails (another call counted, a sync settled, or the entry
+// left the table and its count is poison) judges again. The swap that
+// succeeds came before any retirement, which carries the hit into its
+// record. done is false when the caller must take the locked path (see
+// findFast, and maxJudgeTries); then nothing was counted.
+func (t *Table) judgeFast(key string, w int, now, v int64, peek bool, judge func([2]View) bool) (out [2]View, ok, done bool) {
+	if v > maxFast || v < -maxFast {
+		return out, false, false
 	}
-	n := cur.local.Add(v)
-	if poisoned(n) {
-		cur.local.Add(-v)
-		return View{}, false
+	f, found := t.findFast(key, w, now)
+	if !found {
+		return out, false, false
 	}
-	if n > maxLocal || n < -maxLocal {
-		cur.clamp()
-		n = min(max(n, -maxLocal), maxLocal)
+	for range maxJudgeTries {
+		pl := f.prev.local.Load()
+		ps := f.prev.synced.Load()
+		n := f.cur.local.Load()
+		if poisoned(n) || poisoned(pl) {
+			return out, false, false
+		}
+		cs := known(f.cur.synced.Load())
+		next := n
+		if !peek {
+			next = min(max(n+v, -maxLocal), maxLocal)
+		}
+		out[w] = View{Start: f.x, Cur: cs + next, Prev: known(ps) + pl}
+		ok = judge == nil || judge(out)
+		if !ok {
+			out[w].Cur = cs + n // as after the locked path's take-back
+		}
+		if testHookFast != nil {
+			testHookFast()
+		}
+		if !ok || next == n || f.cur.local.CompareAndSwap(n, next) {
+			f.e.markUsed()
+			t.touch(f.s, f.e)
+			return out, ok, true
+		}
 	}
-	vw := View{Start: x, Cur: known(cur.synced.Load()) + n}
-	if !poisoned(pl) {
-		vw.Prev = known(ps) + pl
-	}
-	e.markUsed()
-	t.touch(s, e)
-	return vw, true
+	return out, false, false
 }
 
 // known returns a synced count, 0 while unknown.
