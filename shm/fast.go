@@ -53,64 +53,56 @@ func (t *Table) addOpenFast(key string, w int, now, v int64) (View, bool) {
 	if v > maxFast || v < -maxFast {
 		return View{}, false
 	}
-	f, ok := t.findFast(key, w, now)
+	s, e, x, par, ok := t.findFast(key, w, now)
 	if !ok {
 		return View{}, false
 	}
-	pl := f.prev.local.Load()
-	ps := f.prev.synced.Load()
+	prev, cur := &e.w[w].slot[par^1], &e.w[w].slot[par]
+	pl := prev.local.Load()
+	ps := prev.synced.Load()
 	if testHookFast != nil {
 		testHookFast()
 	}
-	n := f.cur.local.Add(v)
+	n := cur.local.Add(v)
 	if poisoned(n) {
-		f.cur.local.Add(-v)
+		cur.local.Add(-v)
 		return View{}, false
 	}
 	if n > maxLocal || n < -maxLocal {
-		f.cur.clamp()
+		cur.clamp()
 		n = min(max(n, -maxLocal), maxLocal)
 	}
-	vw := View{Start: f.x, Cur: known(f.cur.synced.Load()) + n}
+	vw := View{Start: x, Cur: known(cur.synced.Load()) + n}
 	if !poisoned(pl) {
 		vw.Prev = known(ps) + pl
 	}
-	f.e.markUsed()
-	t.touch(f.s, f.e)
+	e.markUsed()
+	t.touch(s, e)
 	return vw, true
 }
 
-// fastSlots is what a lock-free call found for a key and window size: the
-// key's shard and entry, and the window the call counts in (starting at x)
-// with the one before it.
-type fastSlots struct {
-	s         *shard
-	e         *entry
-	x         int64
-	prev, cur *slot
-}
-
-// findFast finds key's entry without the shard's lock, and its window of
-// size index w at now. It reports false when a lock-free call cannot use
-// it: the key is not found, the entry is dead or was created after Seal, or
-// now is in a window the entry has not opened (rotating needs its lock).
-func (t *Table) findFast(key string, w int, now int64) (fastSlots, bool) {
+// findFast finds key's entry without the shard's lock, with its shard and
+// the window of size index w that a call at now counts in: its start x and
+// slot index par. It reports false when a lock-free call cannot use it: the
+// key is not found, the entry is dead or was created after Seal, or now is
+// in a window the entry has not opened (rotating needs its lock). The
+// results are separate values, not a struct: Go returns them in registers.
+func (t *Table) findFast(key string, w int, now int64) (s *shard, e *entry, x int64, par int, ok bool) {
 	h := maphash.String(t.seed, key)
-	s := t.shardOf(h)
-	e := s.find(key, h)
+	s = t.shardOf(h)
+	e = s.find(key, h)
 	if e == nil || e.flags.Load()&(flagDead|flagBornSealed) != 0 {
-		return fastSlots{}, false
+		return nil, nil, 0, 0, false
 	}
-	p := &e.w[w]
-	lat := p.latest.Load()
-	x, par := t.windowOf(w, now)
+	lat := e.w[w].latest.Load()
+	x, par = t.windowOf(w, now)
 	if lat == noWindow || x > lat {
-		return fastSlots{}, false
+		return nil, nil, 0, 0, false
 	}
 	if x < lat { // the clock went back: count in the newest window (see window)
 		x, par = lat, parity(lat, t.sizeMS[w])
 	}
-	return fastSlots{s: s, e: e, x: x, prev: &p.slot[par^1], cur: &p.slot[par]}, true
+	return s, e, x, par, true
 }
 
 // maxJudgeTries bounds judgeFast's attempts before it leaves a key whose
@@ -130,23 +122,24 @@ func (t *Table) judgeFast(key string, w int, now, v int64, peek bool, judge func
 	if v > maxFast || v < -maxFast {
 		return out, false, false
 	}
-	f, found := t.findFast(key, w, now)
+	s, e, x, par, found := t.findFast(key, w, now)
 	if !found {
 		return out, false, false
 	}
+	prev, cur := &e.w[w].slot[par^1], &e.w[w].slot[par]
 	for range maxJudgeTries {
-		pl := f.prev.local.Load()
-		ps := f.prev.synced.Load()
-		n := f.cur.local.Load()
+		pl := prev.local.Load()
+		ps := prev.synced.Load()
+		n := cur.local.Load()
 		if poisoned(n) || poisoned(pl) {
 			return out, false, false
 		}
-		cs := known(f.cur.synced.Load())
+		cs := known(cur.synced.Load())
 		next := n
 		if !peek {
 			next = min(max(n+v, -maxLocal), maxLocal)
 		}
-		out[w] = View{Start: f.x, Cur: cs + next, Prev: known(ps) + pl}
+		out[w] = View{Start: x, Cur: cs + next, Prev: known(ps) + pl}
 		ok = judge == nil || judge(out)
 		if !ok {
 			out[w].Cur = cs + n // as after the locked path's take-back
@@ -154,9 +147,9 @@ func (t *Table) judgeFast(key string, w int, now, v int64, peek bool, judge func
 		if testHookFast != nil {
 			testHookFast()
 		}
-		if !ok || next == n || f.cur.local.CompareAndSwap(n, next) {
-			f.e.markUsed()
-			t.touch(f.s, f.e)
+		if !ok || next == n || cur.local.CompareAndSwap(n, next) {
+			e.markUsed()
+			t.touch(s, e)
 			return out, ok, true
 		}
 	}
