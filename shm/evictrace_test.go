@@ -13,14 +13,21 @@ import (
 // the caller locks what it found: the window a concurrent eviction hits.
 func evictOnFind(t *testing.T, evict func()) {
 	t.Helper()
+	hookOnce(t, &testHookFound, evict)
+}
+
+// hookOnce sets the test hook *hook to run fn the first time it is called,
+// and clears it when the test ends.
+func hookOnce(t *testing.T, hook *func(), fn func()) {
+	t.Helper()
 	armed := true
-	testHookFound = func() {
+	*hook = func() {
 		if armed {
 			armed = false
-			evict()
+			fn()
 		}
 	}
-	t.Cleanup(func() { testHookFound = nil })
+	t.Cleanup(func() { *hook = nil })
 }
 
 // TestTryAfterEviction: a bucket evicted between Try's lookup and its lock

@@ -36,14 +36,7 @@ func dropKey(tb *Table, key string) {
 // before it adds: the window in which a retirement makes it land on poison.
 func onceBeforeFastAdd(t *testing.T, fn func()) {
 	t.Helper()
-	armed := true
-	testHookFast = func() {
-		if armed {
-			armed = false
-			fn()
-		}
-	}
-	t.Cleanup(func() { testHookFast = nil })
+	hookOnce(t, &testHookFast, fn)
 }
 
 // TestAddOpenLockFree: a held key in an open window is counted without the
@@ -223,29 +216,13 @@ func TestLockFreeAddsExactUnderEvictionAndSeal(t *testing.T) {
 				}
 			})
 		}
-		done, syncer := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(syncer)
-			var b Batch
-			for n := 0; ; n++ {
-				select {
-				case <-done:
-					return
-				default:
-				}
-				b.Reset()
-				tb.collectAll(clock.Load(), n%2 == 0, &b)
-				settle(t, tb, st, &b, fmt.Sprintf("c%d", n))
-				runtime.Gosched()
-			}
-		}()
+		stop := syncUntilStopped(t, tb, st, clock.Load)
 		for calls.Load() < workers*hits/2 {
 			runtime.Gosched()
 		}
 		tb.Seal()
 		wg.Wait()
-		close(done)
-		<-syncer
+		stop()
 		var b Batch
 		tb.collectAll(clock.Load(), false, &b)
 		settle(t, tb, st, &b, "final")

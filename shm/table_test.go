@@ -286,6 +286,32 @@ func TestNoHitLostOrDoubled(t *testing.T) {
 	}
 }
 
+// syncUntilStopped runs sync cycles on tb against st (every other one with
+// reads), as the sync loop does, until the returned stop is called; stop
+// waits for the cycle under way.
+func syncUntilStopped(t *testing.T, tb *Table, st *memory.Store, now func() int64) (stop func()) {
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		var b Batch
+		for n := 0; ; n++ {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			b.Reset()
+			tb.collectAll(now(), n%2 == 0, &b)
+			settle(t, tb, st, &b, fmt.Sprintf("c%d", n))
+			runtime.Gosched()
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
+	}
+}
+
 func TestConcurrentAddsAndSyncs(t *testing.T) {
 	for _, walk := range []bool{false, true} {
 		t.Run(fmt.Sprintf("walk=%v", walk), func(t *testing.T) { testConcurrentAddsAndSyncs(t, walk) })
@@ -318,26 +344,9 @@ func testConcurrentAddsAndSyncs(t *testing.T, walk bool) {
 			}
 		})
 	}
-	done := make(chan struct{})
-	syncer := make(chan struct{})
-	go func() {
-		defer close(syncer)
-		var b Batch
-		for n := 0; ; n++ {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			b.Reset()
-			tb.collectAll(tick(0), n%2 == 0, &b)
-			settle(t, tb, st, &b, fmt.Sprintf("c%d", n))
-			runtime.Gosched()
-		}
-	}()
+	stop := syncUntilStopped(t, tb, st, func() int64 { return tick(0) })
 	wg.Wait()
-	close(done)
-	<-syncer
+	stop()
 	var b Batch
 	tb.collectAll(tick(0), false, &b)
 	settle(t, tb, st, &b, "final")
