@@ -353,13 +353,15 @@ func (ns *Namespace) Close(ctx context.Context) error {
 	}
 	ns.closeOnce.Do(func() {
 		ns.closed.Store(true)
-		// The lean decision paths do not register as calls in flight:
-		// sealing the tables waits for those under way.
-		ns.seal()
 		ns.endClosing() // calls waiting for a cold read answer now
 		// Calls that found the namespace open finish first, so the flush
-		// collects every hit a call reported counted.
+		// collects every hit a call reported counted. They find the keys
+		// where they were: the seal comes after them.
 		callsErr := ns.waitCalls(ctx)
+		// The lean decision paths do not register as calls in flight:
+		// sealing the tables takes what those under way counted into the
+		// flush, and refuses the rest (see shm.Table.Seal).
+		ns.seal()
 		close(ns.done)
 		select {
 		case <-ns.loopDone:

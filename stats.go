@@ -7,12 +7,12 @@ import (
 
 // Stats is a snapshot of a namespace's counters, for monitoring.
 type Stats struct {
-	TrackedKeys    int   // keys held in memory now (in the fullest table: windows, token buckets or sliding logs)
+	TrackedKeys    int   // keys held in memory now (in the fullest table: windows, token buckets or sliding logs); window counters leave the table at Close, which hands their hits to its last push
 	Evictions      int64 // keys evicted by the MaxKeys cap
 	Syncs          int64 // sync cycles run (by the loop or Sync)
 	SyncErrors     int64 // sync cycles that failed
 	PendingHits    int64 // hits counted here that the store has not confirmed yet
-	RetiredWindows int   // evicted or rotated windows whose hits wait for a push
+	RetiredWindows int   // evicted or rotated windows whose hits wait for a push (after a Close whose push failed, every window that had unpushed hits)
 	// DroppedHits counts unconfirmed hits given up to keep memory bounded
 	// during a long store outage: the retired windows past their cap (first
 	// those too old to weigh in any decision, then those with the fewest

@@ -125,21 +125,24 @@ func (s *slot) clamp() {
 // testHookView, when set (by tests), runs between view's two loads.
 var testHookView func()
 
-// view returns synced + local. It loads local first: Ack stores the new
-// total in synced before it takes the pushed hits out of local, so a local
-// that no longer holds them is always read with the synced that does. Loaded
-// the other way round, a view spanning an Ack (old synced, new local) counts
-// the pushed hits zero times.
+// view returns synced + local, never less than the count: a settled push
+// moves hits between the two (see Table.ack), and a view spanning it may
+// read one count from before and the other from after. view loads local,
+// then synced, then local again, and takes the larger local:
+//
+//   - a push of hits (d > 0) raises synced, then lowers local: a synced
+//     that holds the pushed hits is read after the local that still held
+//     them was, so the view counts them twice, never zero times;
+//   - a push that took hits back (d < 0, a refund) raises local, then
+//     lowers synced: a synced that lost them is read before the second load
+//     of local, which has them back.
 func (s *slot) view() int64 {
 	l := s.local.Load()
 	if testHookView != nil {
 		testHookView()
 	}
-	sy := s.synced.Load()
-	if sy == unknown {
-		sy = 0
-	}
-	return sy + l
+	sy := known(s.synced.Load())
+	return sy + max(l, s.local.Load())
 }
 
 // pair holds the current and previous window of one size. The window starting

@@ -72,9 +72,11 @@ func (t *Table) addOpenFast(key string, w int, now, v int64) (View, bool) {
 		cur.clamp()
 		n = min(max(n, -maxLocal), maxLocal)
 	}
-	vw := View{Start: x, Cur: known(cur.synced.Load()) + n}
+	// As view: each local is loaded again after its synced, and the larger
+	// taken (poison, retired since, is never the larger).
+	vw := View{Start: x, Cur: known(cur.synced.Load()) + max(n, cur.local.Load())}
 	if !poisoned(pl) {
-		vw.Prev = known(ps) + pl
+		vw.Prev = known(ps) + max(pl, prev.local.Load())
 	}
 	e.markUsed()
 	t.touch(s, e)
@@ -129,17 +131,21 @@ func (t *Table) judgeFast(key string, w int, now, v int64, peek bool, judge func
 	prev, cur := &e.w[w].slot[par^1], &e.w[w].slot[par]
 	for range maxJudgeTries {
 		pl := prev.local.Load()
-		ps := prev.synced.Load()
+		ps := known(prev.synced.Load())
+		pl = max(pl, prev.local.Load())
 		n := cur.local.Load()
+		cs := known(cur.synced.Load())
 		if poisoned(n) || poisoned(pl) {
 			return out, false, false
 		}
-		cs := known(cur.synced.Load())
+		if cur.local.Load() != n {
+			continue // a push settled, or a call counted, between the loads
+		}
 		next := n
 		if !peek {
 			next = min(max(n+v, -maxLocal), maxLocal)
 		}
-		out[w] = View{Start: x, Cur: cs + next, Prev: known(ps) + pl}
+		out[w] = View{Start: x, Cur: cs + next, Prev: ps + pl}
 		ok = judge == nil || judge(out)
 		if !ok {
 			out[w].Cur = cs + n // as after the locked path's take-back
@@ -148,12 +154,41 @@ func (t *Table) judgeFast(key string, w int, now, v int64, peek bool, judge func
 			testHookFast()
 		}
 		if !ok || next == n || cur.local.CompareAndSwap(n, next) {
+			if ok && next != n {
+				out, ok = t.rejudge(cur, out, w, cs, n, next, judge)
+			}
 			e.markUsed()
 			t.touch(s, e)
 			return out, ok, true
 		}
 	}
 	return out, false, false
+}
+
+// rejudge checks, after judgeFast's swap of the local count from n to next,
+// that the judgement still holds: the swap proves local unchanged, not
+// synced. A push settled in between (synced raised by d, local lowered by
+// d) and other calls counting d hits meanwhile bring local back to n: the
+// swap succeeds on a view d short. So when synced moved from cs, the call
+// is judged again on the new one, and a rejected count is taken back. If
+// the entry was retired before the take-back, the count is in the retired
+// record, so the call stays admitted: it was counted.
+func (t *Table) rejudge(cur *slot, out [2]View, w int, cs, n, next int64, judge func([2]View) bool) ([2]View, bool) {
+	sy := known(cur.synced.Load())
+	if sy == cs || judge == nil {
+		return out, true
+	}
+	again := out
+	again[w].Cur = sy + max(next, cur.local.Load())
+	if judge(again) {
+		return again, true
+	}
+	if r := cur.local.Add(n - next); poisoned(r) {
+		cur.local.Add(next - n)
+		return out, true
+	}
+	again[w].Cur -= next - n
+	return again, false
 }
 
 // known returns a synced count, 0 while unknown.

@@ -476,10 +476,15 @@ func (t *Table) ack(ref *counterRef, d, total int64) {
 			if t.wt {
 				t.unpend(*ref, d)
 			}
-			// The total first: a reader between the two counts the pushed
-			// hits twice, never zero times.
-			s.synced.Store(total)
-			s.local.Add(-d)
+			// The count that grows first, so a view spanning the two
+			// counts the moved hits twice, never zero times (see view).
+			if d >= 0 {
+				s.synced.Store(total)
+				s.local.Add(-d)
+			} else {
+				s.local.Add(-d)
+				s.synced.Store(total)
+			}
 			return
 		}
 	}
