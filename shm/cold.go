@@ -115,19 +115,8 @@ func (t *Table) Seal() {
 // nil judge admits). With sealable, a sealed table counts nothing and
 // open is false; the lean decision paths, which Close does not wait for,
 // pass it. It is the body of AddWindows and AddWindowsIfHeld too, and no
-// wrapper of its own: the hot paths call it directly. With one window size
-// in mask, a rejected count is not taken back but never made (see
-// judgeFast), unless the call takes the locked path.
+// wrapper of its own: the hot paths call it directly.
 func (t *Table) AddWindowsOpen(key string, now int64, mask uint8, v [2]int64, peek, ifHeld, sealable bool, judge func([2]View) bool) (out [2]View, ok, held, open bool) {
-	// One window size: without the shard's lock if the key is held in an
-	// open window (see judgeFast). Two sizes need the lock: two counts
-	// cannot be swapped as one, so a retirement could take one without the
-	// other.
-	if (mask == 1 || mask == 2) && (!sealable || !t.sealed.Load()) {
-		if out, ok, done := t.judgeFast(key, int(mask>>1), now, v[mask>>1], peek, judge); done {
-			return out, ok, true, true
-		}
-	}
 	var s *shard
 	var e *entry
 	excl := false

@@ -162,9 +162,6 @@ func (t *Table) Add(key string, w int, now, v int64) View {
 // entry when missing and moves it to now's window, so the key counts as seen
 // by this node and the next sync reads it.
 func (t *Table) Peek(key string, w int, now int64) View {
-	if out, _, done := t.judgeFast(key, w, now, 0, true, nil); done {
-		return out[w] // held, in a window already open: no lock (see judgeFast)
-	}
 	s, e, excl := t.lock(key, now)
 	x, par := t.window(e, w, now)
 	t.touch(s, e)

@@ -114,60 +114,6 @@ func TestAddOpenRacingSeal(t *testing.T) {
 	require.Equal(t, int64(4), hits)
 }
 
-// TestJudgeFast: one window size is judged and counted without the
-// shard's lock, with the locked path's answers; a rejected call counts
-// nothing; a count changed under the call is judged again.
-func TestJudgeFast(t *testing.T) {
-	tb := newTable(t, Options{Sizes: []time.Duration{time.Second, time.Minute}, Track: true})
-	const now = 1_000_500
-	upTo := func(max int64) func([2]View) bool { return func(v [2]View) bool { return v[1].Cur <= max } }
-	tb.Add("k", 1, now, 3)
-	out, ok, done := tb.judgeFast("k", 1, now, 2, false, upTo(5))
-	require.True(t, ok && done)
-	require.Equal(t, View{Start: 960_000, Cur: 5}, out[1])
-	out, ok, done = tb.judgeFast("k", 1, now, 1, false, upTo(5))
-	require.True(t, done)
-	require.False(t, ok)
-	require.Equal(t, int64(5), out[1].Cur, "rejected: the view without the call")
-	out, ok, done = tb.judgeFast("k", 1, now, 1, true, upTo(5))
-	require.True(t, ok && done, "a peek is judged on the count as it is")
-	require.Equal(t, int64(5), out[1].Cur)
-	require.Equal(t, int64(5), tb.Peek("k", 1, now).Cur)
-
-	// Another call counts between the judgement and the swap: judged again.
-	onceBeforeFastAdd(t, func() { tb.Add("k", 1, now, 1) })
-	out, ok, _, open := tb.AddWindowsOpen("k", now, 2, [2]int64{0, 1}, false, false, true, upTo(7))
-	require.True(t, ok && open)
-	require.Equal(t, int64(7), out[1].Cur)
-	// A count that keeps changing: after maxJudgeTries, the locked path.
-	testHookFast = func() { tb.Add("k", 1, now, 1) }
-	_, _, done = tb.judgeFast("k", 1, now, 1, false, upTo(100))
-	require.False(t, done)
-	testHookFast = nil
-	require.Equal(t, int64(7+maxJudgeTries), tb.Peek("k", 1, now).Cur, "nothing counted by the call that gave up")
-}
-
-// TestJudgeFastRacingEvictionAndSeal: an entry retired between the
-// judgement and the swap fails the swap; the call is counted once through
-// the locked path, or refused once sealed.
-func TestJudgeFastRacingEvictionAndSeal(t *testing.T) {
-	tb := newTable(t, Options{Sizes: []time.Duration{time.Minute}, Track: true})
-	const now = 1_000_000
-	tb.Add("k", 0, now, 4)
-	onceBeforeFastAdd(t, func() { dropKey(tb, "k") })
-	out, ok, held, open := tb.AddWindowsOpen("k", now, 1, [2]int64{1, 1}, false, false, true, nil)
-	require.True(t, ok && held && open)
-	require.Equal(t, int64(1), out[0].Cur, "counted in the key's new entry")
-	hits, _ := tb.Pending()
-	require.Equal(t, int64(5), hits)
-
-	onceBeforeFastAdd(t, tb.Seal)
-	_, ok, _, open = tb.AddWindowsOpen("k", now, 1, [2]int64{1, 1}, false, false, true, nil)
-	require.False(t, ok || open)
-	hits, _ = tb.Pending()
-	require.Equal(t, int64(5), hits, "nothing counted for the refused call")
-}
-
 // TestClampLeavesPoison: saturating a count never revives a retired window.
 func TestClampLeavesPoison(t *testing.T) {
 	var s slot
@@ -179,10 +125,11 @@ func TestClampLeavesPoison(t *testing.T) {
 	require.Equal(t, int64(maxLocal), s.local.Load())
 }
 
-// TestLockFreeAddsExactUnderEvictionAndSeal races lock-free additions and
-// judged calls (at most 6 a window) with evictions (64 entries for 200
-// keys), rotations, syncs and, midway, Seal; then checks that the store
-// holds, per key, exactly the hits the calls reported counted.
+// TestLockFreeAddsExactUnderEvictionAndSeal races lock-free additions, and
+// judged calls (at most 6 a window) on the locked path, with evictions (64
+// entries for 200 keys), rotations, syncs and, midway, Seal; then checks
+// that the store holds, per key, exactly the hits the calls reported
+// counted.
 func TestLockFreeAddsExactUnderEvictionAndSeal(t *testing.T) {
 	for round := range 4 {
 		tb := newTable(t, Options{Sizes: []time.Duration{10 * time.Millisecond}, MaxKeys: 64, Track: true,

@@ -19,8 +19,8 @@ import (
 // one key with a limit while a sync loop collects and settles pushes all
 // the time. Nothing is evicted and the clock stands still, so exactly the
 // limit is admitted, and the store ends with exactly the admitted hits.
-// Mask 1 is one window size (judgeFast), mask 3 two (the locked path; it
-// admitted one call too many before Ack ordered negative diffs).
+// Mask 1 is one window size, mask 3 two; both admitted one call too many
+// before Ack ordered negative diffs (found by review).
 func TestJudgedCallsAdmitTheLimitWhileSyncing(t *testing.T) {
 	for _, mask := range []uint8{1, 3} {
 		t.Run(fmt.Sprint("mask", mask), func(t *testing.T) {
