@@ -33,10 +33,10 @@ func TestTerminateBackendMidTake(t *testing.T) {
 		tk.Buckets = []strategy.TakeBucket{{Period: time.Hour, Interval: 1000, Burst: burst}}
 		tk.Logs = []strategy.TakeLog{{Window: time.Hour, Max: maxLog}}
 	}
-	stop := terminator(t, dsn, app, 20*time.Millisecond)
+	deadline := time.Now().Add(3 * time.Second)
+	stop := terminator(t, dsn, app, 20*time.Millisecond, deadline)
 	var admitted, unknown atomic.Int64
 	var wg sync.WaitGroup
-	deadline := time.Now().Add(3 * time.Second)
 	for c := range 4 {
 		wg.Go(func() {
 			for i := 0; time.Now().Before(deadline); i++ {
@@ -97,10 +97,10 @@ func TestTerminateBackendMidWatch(t *testing.T) {
 		spent  int64
 	}
 	ns := make([]*node, nodes)
-	stop := terminator(t, dsn, app, 15*time.Millisecond)
+	deadline := time.Now().Add(2 * time.Second)
+	stop := terminator(t, dsn, app, 15*time.Millisecond, deadline)
 	var wg sync.WaitGroup
 	var unknown atomic.Int64
-	deadline := time.Now().Add(2 * time.Second)
 	step := func(n *node, b *strategy.Batch) error {
 		b.Watches = []strategy.Watch{{Size: w, Start: base, Cursor: n.cursor, Limit: 1000}}
 		for {

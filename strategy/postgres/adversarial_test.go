@@ -109,15 +109,19 @@ func stored(t *testing.T, s *Store, ns string) int64 {
 }
 
 // terminator kills the backends of application app every "every" to 3*every
-// until stopped, and counts them.
-func terminator(t *testing.T, dsn, app string, every time.Duration) (stop func() int64) {
+// until the time until, or until stopped, and counts them. Callers that
+// re-send a call until it is answered stop sending new ones at until: the
+// killing stops with them, so the last re-sends get through however slow
+// the machine (killed every 15 ms forever, a multi-part push on a loaded
+// machine never completed, and the test ran into its timeout).
+func terminator(t *testing.T, dsn, app string, every time.Duration, until time.Time) (stop func() int64) {
 	t.Helper()
 	killer := newPool(t, dsn)
 	var done atomic.Bool
 	var killed atomic.Int64
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		for i := 0; !done.Load(); i++ {
+		for i := 0; !done.Load() && time.Now().Before(until); i++ {
 			var n int64
 			if err := killer.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n); err == nil {
 				killed.Add(n)
@@ -183,13 +187,13 @@ func TestTerminateBackendMidPush(t *testing.T) {
 	})
 	s := newStore(t, pool, Options{Table: app})
 	ctx := context.Background()
-	stop := terminator(t, dsn, app, 5*time.Millisecond)
+	deadline := time.Now().Add(3 * time.Second)
+	stop := terminator(t, dsn, app, 5*time.Millisecond, deadline)
 	var wg sync.WaitGroup
 	callers := make([]*bulkCaller, 4)
 	for i := range callers {
 		callers[i] = newBulkCaller(s, fmt.Sprint("term-", i))
 	}
-	deadline := time.Now().Add(3 * time.Second)
 	for i, c := range callers {
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
