@@ -118,28 +118,16 @@ func TestExactMixedRace(t *testing.T) {
 				}
 			}()
 		}
-		done, syncer := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer close(syncer)
-			var b Batch
-			for n := 0; ; n++ {
-				select {
-				case <-done:
-					return
-				default:
-				}
-				tb.Rewind()
-				for part := 0; ; part++ {
-					b.Reset()
-					fin := tb.CollectSome(clock.Load(), n%2 == 0, &b, 1+n%7*5)
-					settle(t, tb, st, &b, fmt.Sprint("c", ids.Add(1)))
-					if fin {
-						break
-					}
-				}
-				runtime.Gosched()
+		var b Batch
+		stop := loopUntilStopped(func(n int) {
+			// A pass in chunks of 1 to 31 counters.
+			tb.Rewind()
+			for fin := false; !fin; {
+				b.Reset()
+				fin = tb.CollectSome(clock.Load(), n%2 == 0, &b, 1+n%7*5)
+				settle(t, tb, st, &b, fmt.Sprint("c", ids.Add(1)))
 			}
-		}()
+		})
 		sealed := round%3 == 0
 		if sealed {
 			for calls.Load() < workers*hits/2 {
@@ -148,8 +136,7 @@ func TestExactMixedRace(t *testing.T) {
 			tb.Seal()
 		}
 		wg.Wait()
-		close(done)
-		<-syncer
+		stop()
 		faultOn.Store(false)
 		for range 3 {
 			var b Batch

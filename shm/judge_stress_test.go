@@ -3,7 +3,6 @@ package shm
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -44,25 +43,9 @@ func TestJudgedCallsAdmitTheLimitWhileSyncing(t *testing.T) {
 						}
 					}()
 				}
-				done, syncer := make(chan struct{}), make(chan struct{})
-				go func() {
-					defer close(syncer)
-					var b Batch
-					for n := 0; ; n++ {
-						select {
-						case <-done:
-							return
-						default:
-						}
-						b.Reset()
-						tb.collectAll(now, false, &b)
-						settle(t, tb, st, &b, fmt.Sprintf("c%d", n))
-						runtime.Gosched()
-					}
-				}()
+				stop := syncUntilStopped(t, tb, st, func() int64 { return now })
 				wg.Wait()
-				close(done)
-				<-syncer
+				stop()
 				var b Batch
 				tb.collectAll(now, false, &b)
 				settle(t, tb, st, &b, "final")

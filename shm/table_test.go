@@ -290,19 +290,28 @@ func TestNoHitLostOrDoubled(t *testing.T) {
 // reads), as the sync loop does, until the returned stop is called; stop
 // waits for the cycle under way.
 func syncUntilStopped(t *testing.T, tb *Table, st *memory.Store, now func() int64) (stop func()) {
+	var b Batch
+	return loopUntilStopped(func(n int) {
+		b.Reset()
+		tb.collectAll(now(), n%2 == 0, &b)
+		settle(t, tb, st, &b, fmt.Sprintf("c%d", n))
+	})
+}
+
+// loopUntilStopped calls cycle(0), cycle(1), … on a goroutine of its own,
+// yielding between calls, until the returned stop is called; stop waits
+// for the call under way.
+func loopUntilStopped(cycle func(n int)) (stop func()) {
 	done, stopped := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(stopped)
-		var b Batch
 		for n := 0; ; n++ {
 			select {
 			case <-done:
 				return
 			default:
 			}
-			b.Reset()
-			tb.collectAll(now(), n%2 == 0, &b)
-			settle(t, tb, st, &b, fmt.Sprintf("c%d", n))
+			cycle(n)
 			runtime.Gosched()
 		}
 	}()
