@@ -510,9 +510,11 @@ func peekAll(key string, st []lstate, now int64) {
 }
 
 // applyLocal adds value to the window counter of every owner in st (or only
-// reads them, with peek; skipping owners with a penalty, with spare) and
-// stores the views, with one table lookup per table: the two window sizes of
-// an entry are served together.
+// reads them, with peek) and stores the views, with one table lookup per
+// table: the two window sizes of an entry are served together. With spare
+// it takes a rejected request's count back (value is its negation): it
+// skips owners with a penalty, and takes from the windows the count went
+// to (the starts of the views stored), whichever window is newest now.
 func applyLocal(key string, st []lstate, now, value int64, peek, spare bool) {
 	for j := range st {
 		st[j].served = false
@@ -530,7 +532,18 @@ func applyLocal(key string, st []lstate, now, value int64, peek, spare bool) {
 				st[k].served = true
 			}
 		}
-		views := st[j].t.AddWindows(key, now, mask, [2]int64{value, value}, peek)
+		var views [2]shm.View
+		if spare { // a take-back: from the windows the count went to
+			var starts [2]int64
+			for w := range 2 {
+				if mask&(1<<w) != 0 {
+					starts[w] = st[owners[w]].v.Start
+				}
+			}
+			views = st[j].t.TakeBack(key, now, mask, starts, [2]int64{-value, -value})
+		} else {
+			views = st[j].t.AddWindows(key, now, mask, [2]int64{value, value}, peek)
+		}
 		for w := range 2 {
 			if mask&(1<<w) != 0 {
 				st[owners[w]].v = views[w]

@@ -134,7 +134,8 @@ func (t *Table) AddWindowsOpen(key string, now int64, mask uint8, v [2]int64, pe
 	out, ok = t.addWindows(e, now, mask, v, peek), true
 	if judge != nil {
 		if ok = judge(out); !ok && !peek {
-			out = t.addWindows(e, now, mask, [2]int64{-v[0], -v[1]}, false)
+			t.takeBack(e, mask, [2]int64{out[0].Start, out[1].Start}, v)
+			out = t.addWindows(e, now, mask, [2]int64{}, true)
 		}
 	}
 	t.touch(s, e)

@@ -239,3 +239,43 @@ func (t *Table) addWindows(e *entry, now int64, mask uint8, v [2]int64, peek boo
 	}
 	return out
 }
+
+// TakeBack takes v[w] back from key's window of size index w that starts at
+// starts[w], for each w whose bit is set in mask: a count a caller made
+// (AddWindows) and then rejected. It returns the views after, at now.
+//
+// Adding -v at now would take it from the newest window, which is another
+// one if a call at a later instant rotated the key since the count: the
+// rejected hit would stay in its window, and the next would start below
+// zero and admit one more (found by review: 9 admitted across two seconds
+// under a fixed limit of 4 a second). TakeBack finds the window by its
+// start instead (see takeBack).
+func (t *Table) TakeBack(key string, now int64, mask uint8, starts, v [2]int64) [2]View {
+	s, e, excl := t.lock(key, now)
+	t.takeBack(e, mask, starts, v)
+	out := t.addWindows(e, now, mask, [2]int64{}, true)
+	t.touch(s, e)
+	s.unlock(excl)
+	return out
+}
+
+// takeBack takes v[w] back from e's window of size index w starting at
+// starts[w], for each w in mask, under e's lock so that no rotation comes
+// between finding the window and taking from it. A window the entry no
+// longer holds (rotated out since: the call stalled for a whole window)
+// had the count retired with it, so it is taken from the retired record.
+// The caller holds e's shard's lock.
+func (t *Table) takeBack(e *entry, mask uint8, starts, v [2]int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for w := range t.n {
+		if mask&(1<<w) == 0 || v[w] == 0 {
+			continue
+		}
+		if s, ok := e.w[w].held(starts[w], t.sizeMS[w]); ok {
+			s.add(-v[w])
+		} else {
+			t.adjustRetired(counterRef{e: e, w: uint8(w), start: starts[w]}, -v[w])
+		}
+	}
+}

@@ -35,6 +35,22 @@ func (t *Table) retire(ref counterRef, local, acked int64) {
 	}
 }
 
+// adjustRetired adds d to the unconfirmed hits of the retired window ref,
+// creating its record (the window's earlier record may be settled and
+// gone), for the next Collect to push.
+func (t *Table) adjustRetired(ref counterRef, d int64) {
+	if !t.track {
+		return
+	}
+	t.retMu.Lock()
+	if r := t.retired[ref]; r != nil {
+		r.local += d
+	} else {
+		t.retired[ref] = &retired{key: ref.e.key(), local: d}
+	}
+	t.retMu.Unlock()
+}
+
 // shed brings the retired records down to three quarters of their cap, so
 // that memory stays bounded however long the store is out. It drops, in
 // order:
