@@ -737,8 +737,7 @@ func BenchmarkAllow(b *testing.B) {
 					})
 				})
 			}
-			// One limit: one window size, which the table judges and counts
-			// without its shard's lock.
+			// One limit: one window size of the entry.
 			b.Run("allow1-async/"+pattern+"/"+run, func(b *testing.B) {
 				ns := benchNamespace(b, "async")
 				runPattern(b, par, idx, func(k string) {

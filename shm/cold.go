@@ -96,11 +96,7 @@ func (t *Table) Seal() {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.Lock()
-		s.each(func(_ uint32, e *entry) {
-			e.mu.Lock()
-			e.retireAll(t)
-			e.mu.Unlock()
-		})
+		s.each(func(e *entry) { e.retire(t) })
 		s.ix.Store(nil)
 		s.count = 0
 		s.mu.Unlock()

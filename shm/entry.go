@@ -141,8 +141,13 @@ func (s *slot) view() int64 {
 	if testHookView != nil {
 		testHookView()
 	}
-	sy := known(s.synced.Load())
-	return sy + max(l, s.local.Load())
+	return s.viewFrom(l)
+}
+
+// viewFrom is view for a caller that loaded local (or had it returned by
+// an addition) as l: it loads synced, then local again.
+func (s *slot) viewFrom(l int64) int64 {
+	return known(s.synced.Load()) + max(l, s.local.Load())
 }
 
 // pair holds the current and previous window of one size. The window starting
@@ -290,6 +295,13 @@ func (e *entry) eachHeld(t *Table, fn func(w int, start int64, s *slot)) {
 	}
 }
 
+// retire is retireAll under e's lock.
+func (e *entry) retire(t *Table) {
+	e.mu.Lock()
+	e.retireAll(t)
+	e.mu.Unlock()
+}
+
 // retireAll moves every unconfirmed window of e to the retired records and
 // marks e dead. The caller holds e.mu and is removing e from its shard (a
 // lock-free reader may still hold it). Each local count is swapped for
@@ -299,7 +311,7 @@ func (e *entry) eachHeld(t *Table, fn func(w int, start int64, s *slot)) {
 func (e *entry) retireAll(t *Table) {
 	e.eachHeld(t, func(w int, x int64, s *slot) {
 		l := s.local.Swap(poison)
-		if ref := (counterRef{e: e, w: uint8(w), start: x}); t.track && (l != 0 || t.unsettled(ref)) {
+		if ref := (counterRef{e: e, w: uint8(w), start: x}); l != 0 || t.unsettled(ref) {
 			t.retire(ref, l, 0)
 		}
 	})

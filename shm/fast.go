@@ -59,7 +59,7 @@ func (t *Table) addOpenFast(key string, w int, now, v int64) (View, bool) {
 	}
 	prev, cur := &e.w[w].slot[par^1], &e.w[w].slot[par]
 	pl := prev.local.Load()
-	ps := prev.synced.Load()
+	pv := prev.viewFrom(pl)
 	if testHookFast != nil {
 		testHookFast()
 	}
@@ -72,11 +72,10 @@ func (t *Table) addOpenFast(key string, w int, now, v int64) (View, bool) {
 		cur.clamp()
 		n = min(max(n, -maxLocal), maxLocal)
 	}
-	// As view: each local is loaded again after its synced, and the larger
-	// taken (poison, retired since, is never the larger).
-	vw := View{Start: x, Cur: known(cur.synced.Load()) + max(n, cur.local.Load())}
+	// Poison, retired since the addition, is never the larger local.
+	vw := View{Start: x, Cur: cur.viewFrom(n)}
 	if !poisoned(pl) {
-		vw.Prev = known(ps) + max(pl, prev.local.Load())
+		vw.Prev = pv
 	}
 	e.markUsed()
 	t.touch(s, e)

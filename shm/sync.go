@@ -146,7 +146,7 @@ func (t *Table) Keys(now int64, dst []string) []string {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.RLock()
-		s.each(func(_ uint32, e *entry) {
+		s.each(func(e *entry) {
 			if !e.expired(t, now) {
 				dst = append(dst, e.key())
 			}
@@ -333,7 +333,7 @@ func (t *Table) collectShard(s *shard, c *collector) {
 func (t *Table) walkShard(s *shard, c *collector) {
 	expired := 0
 	s.mu.RLock()
-	s.each(func(_ uint32, e *entry) {
+	s.each(func(e *entry) {
 		if t.collectEntry(e, c) {
 			expired++
 		}
@@ -596,7 +596,7 @@ func (t *Table) Pending() (hits int64, retired int) {
 	for i := range t.shards {
 		s := &t.shards[i]
 		s.mu.RLock()
-		s.each(func(_ uint32, e *entry) {
+		s.each(func(e *entry) {
 			e.mu.Lock()
 			e.eachHeld(t, func(_ int, _ int64, sl *slot) { hits += sl.local.Load() })
 			e.mu.Unlock()

@@ -182,16 +182,15 @@ func (s *shard) size() int {
 	return 0
 }
 
-// each calls fn for every entry s holds, with its slot. The caller holds
-// s.mu.
-func (s *shard) each(fn func(i uint32, e *entry)) {
+// each calls fn for every entry s holds. The caller holds s.mu.
+func (s *shard) each(fn func(e *entry)) {
 	ix := s.ix.Load()
 	if ix == nil {
 		return
 	}
 	for i := range ix.slots {
 		if e := ix.slots[i].Load(); e != nil {
-			fn(uint32(i), e)
+			fn(e)
 		}
 	}
 }
@@ -324,7 +323,7 @@ func (t *Table) insert(s *shard, key string, h uint64, now int64) *entry {
 		// (see addOpenFast).
 		e.flags.Or(flagBornSealed)
 	}
-	s.place(e, tagOf(h))
+	s.ix.Load().place(e, tagOf(h))
 	s.count++
 	return e
 }
@@ -332,8 +331,7 @@ func (t *Table) insert(s *shard, key string, h uint64, now int64) *entry {
 // place puts e, whose tag is tag, in the first free slot of its probe chain.
 // The slot is stored before the tag: a lock-free reader that sees the tag
 // finds the entry (or, racing, a nil slot it skips).
-func (s *shard) place(e *entry, tag uint32) {
-	ix := s.ix.Load()
+func (ix *index) place(e *entry, tag uint32) {
 	m := ix.mask
 	i := tag & m
 	for ix.tags[i].Load() != 0 {
@@ -343,17 +341,19 @@ func (s *shard) place(e *entry, tag uint32) {
 	ix.tags[i].Store(tag)
 }
 
+// resize replaces s's index by one of n slots holding the same entries. It
+// fills the new index before publishing it, so a lock-free reader sees
+// either index whole.
 func (s *shard) resize(n int) {
-	old := s.ix.Load()
-	s.ix.Store(&index{mask: uint32(n - 1), tags: make([]atomic.Uint32, n), slots: make([]atomic.Pointer[entry], n)})
-	if old == nil {
-		return
-	}
-	for i := range old.slots {
-		if e := old.slots[i].Load(); e != nil {
-			s.place(e, old.tags[i].Load())
+	ix := &index{mask: uint32(n - 1), tags: make([]atomic.Uint32, n), slots: make([]atomic.Pointer[entry], n)}
+	if old := s.ix.Load(); old != nil {
+		for i := range old.slots {
+			if e := old.slots[i].Load(); e != nil {
+				ix.place(e, old.tags[i].Load())
+			}
 		}
 	}
+	s.ix.Store(ix)
 }
 
 // removeAt deletes the entry at slot i with backward-shift deletion, so probe
@@ -378,10 +378,7 @@ func (s *shard) removeAt(i uint32) {
 // dropEntry retires e's unconfirmed hits, marks it dead and removes it from
 // slot i. The caller holds s.mu for writing.
 func (t *Table) dropEntry(s *shard, i uint32) {
-	e := s.ix.Load().slots[i].Load()
-	e.mu.Lock()
-	e.retireAll(t)
-	e.mu.Unlock()
+	s.ix.Load().slots[i].Load().retire(t)
 	s.removeAt(i)
 }
 

@@ -18,7 +18,8 @@ import (
 	"github.com/ratesync/ratelimit/strategy/redis"
 )
 
-// Close racing traffic: 4 registries (3 asynchronous, 1 synchronous), each
+// Close racing traffic: 4 registries (3 asynchronous, 1 synchronous; two of
+// them holding a third of the keys, so that they evict all the time), each
 // with its own namespace on one Redis behind a proxy that adds latency, and
 // 8 goroutines per registry calling Allow and Increment as fast as they can,
 // while Registry.Close runs on every registry at once. No call panics; every
@@ -80,6 +81,12 @@ func runCloseRace(t *testing.T, srv *redisProc, proxyAddr string, round int, lat
 		// Far above the slack Close is given: a Close that waited for a push
 		// to time out would stand out from scheduling delays.
 		cfg.SyncTimeout = 3 * time.Second
+		if i%2 == 1 {
+			// Room for a third of the keys: evictions all the time, racing
+			// Increment's lock-free additions and, at Close, the seal that
+			// takes every entry out of the table.
+			cfg.MaxKeys = keys / 3
+		}
 		n := &closeNode{reg: ratelimit.NewRegistry()}
 		n.ns, err = n.reg.New(cfg)
 		require.NoError(t, err)
