@@ -122,30 +122,30 @@ const (
 // lstate is one limit's working state in a decision.
 type lstate struct {
 	kind    lkind
+	penalty bool  // (owner only) some limit sharing the state counts rejected hits
+	others  bool  // (st[0] only) some limit is not a window
+	served  bool  // (windows, owner only) applyLocal has reached this counter in the current pass
+	spent   bool  // (buckets) the request's cost is in tat
+	added   bool  // (logs) the request is in ls
+	fits    bool  // (buckets and logs) the request fits
 	idx     int   // index of the window in the namespace's WindowSizes
 	size    int64 // window size, ms
 	owner   int   // the first limit sharing this one's state: it holds the state's view
-	penalty bool  // (owner only) some limit sharing the state counts rejected hits
-	others  bool  // (st[0] only) some limit is not a window
 	// Windows.
-	t      *shm.Table
-	ti     int  // index of t in the namespace's tables
-	w      int  // index of the window in the table's entries
-	served bool // (owner only) applyLocal has reached this counter in the current pass
-	v      shm.View
+	t  *shm.Table
+	ti int // index of t in the namespace's tables
+	w  int // index of the window in the table's entries
+	v  shm.View
 	// Token buckets (owner only but for bt, interval, burst).
 	bt       *shm.Buckets
 	interval float64 // ms per token
 	burst    int64   // a bucket's capacity; a log's Max
 	tat      float64 // the bucket's TAT now: with the request's cost when spent
 	tat0     float64 // the bucket's TAT before the request
-	spent    bool    // the request's cost is in tat
 	// Sliding logs (owner only but for lt).
 	lt     *shm.Logs
 	ls     strategy.LogState // the log now: with the request when added
-	added  bool              // the request is in ls
 	ticket shm.LogTicket     // the entry Try added on this node, for Remove
-	fits   bool              // (buckets and logs) the request fits
 }
 
 // Allow decides whether a request of the given cost may pass for key under

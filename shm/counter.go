@@ -153,7 +153,8 @@ func (t *Table) Add(key string, w int, now, v int64) View {
 	p.slot[par].add(v)
 	t.touch(s, e)
 	size := t.sizeMS[w]
-	vw := View{Start: x, Cur: p.viewAt(x, size, par), Prev: p.viewAt(x-size, size, par^1)}
+	vw := View{Start: x}
+	vw.Cur, vw.Prev = p.viewsAt(x, size, par)
 	s.unlock(excl)
 	return vw
 }
@@ -167,7 +168,8 @@ func (t *Table) Peek(key string, w int, now int64) View {
 	t.touch(s, e)
 	p := &e.w[w]
 	size := t.sizeMS[w]
-	vw := View{Start: x, Cur: p.viewAt(x, size, par), Prev: p.viewAt(x-size, size, par^1)}
+	vw := View{Start: x}
+	vw.Cur, vw.Prev = p.viewsAt(x, size, par)
 	s.unlock(excl)
 	return vw
 }
@@ -235,7 +237,7 @@ func (t *Table) addWindows(e *entry, now int64, mask uint8, v [2]int64, peek boo
 			p.slot[par].add(v[w])
 		}
 		size := t.sizeMS[w]
-		out[w].Cur, out[w].Prev = p.viewAt(x, size, par), p.viewAt(x-size, size, par^1)
+		out[w].Cur, out[w].Prev = p.viewsAt(x, size, par)
 	}
 	return out
 }

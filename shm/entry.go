@@ -232,12 +232,33 @@ func (p *pair) view(x, size int64) int64 {
 	return 0
 }
 
-// viewAt is view for a caller that knows x's parity: no division.
-func (p *pair) viewAt(x, size int64, par int) int64 {
-	if lat := p.latest.Load(); lat == noWindow || (x != lat && x != lat-size) {
-		return 0
+// viewsAt returns the node's counts for the window starting at x, whose
+// parity the caller knows (no division), and for the one before it: 0 for
+// a window not held. One call and one load of latest serve both, and each
+// slot is read as view reads it (written out here, with view's test hook:
+// the hot paths read four slots per call, and view does not inline).
+func (p *pair) viewsAt(x, size int64, par int) (cur, prev int64) {
+	lat := p.latest.Load()
+	if lat == noWindow {
+		return 0, 0
 	}
-	return p.slot[par].view()
+	if x == lat || x == lat-size {
+		s := &p.slot[par]
+		l := s.local.Load()
+		if testHookView != nil {
+			testHookView()
+		}
+		cur = s.viewFrom(l)
+	}
+	if x-size == lat || x-size == lat-size {
+		s := &p.slot[par^1]
+		l := s.local.Load()
+		if testHookView != nil {
+			testHookView()
+		}
+		prev = s.viewFrom(l)
+	}
+	return cur, prev
 }
 
 // rotate makes cur the newest window held, retiring what the reused slots
