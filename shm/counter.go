@@ -64,13 +64,23 @@ func (s *shard) unlock(excl bool) {
 // never lets a key gain (the caller's weight for an instant before the window
 // is 1). One division on the common path.
 func (t *Table) window(e *entry, w int, now int64) (int64, int) {
+	return t.windowLocking(e, w, now, true)
+}
+
+// windowLocking is window; lock says whether it takes e.mu to rotate (a
+// caller that holds it passes false).
+func (t *Table) windowLocking(e *entry, w int, now int64, lock bool) (int64, int) {
 	p := &e.w[w]
 	x, par := t.windowOf(w, now)
 	lat := p.latest.Load()
 	if x > lat {
-		e.mu.Lock()
+		if lock {
+			e.mu.Lock()
+		}
 		e.rotate(t, w, x)
-		e.mu.Unlock()
+		if lock {
+			e.mu.Unlock()
+		}
 		lat = p.latest.Load()
 	}
 	if x < lat {
@@ -217,15 +227,26 @@ func (t *Table) AddWindows(key string, now int64, mask uint8, v [2]int64, peek b
 }
 
 // addWindows is AddWindows on the entry e, with its shard locked.
+//
+// It holds e.mu throughout, so that no rotation comes between finding a
+// window, counting in it and reading the views a caller judges: a call at a
+// later instant rotating the entry by two windows in between made the count
+// land in the slot reused for the newer window while the view read the
+// older one as not held (0), and one rotating it by one window between the
+// current and the previous view made the previous window read 0 (both found
+// by review: a fixed limit of 4 a second admitted 5, a sliding limit of 2
+// admitted a load of 3). Lock-free additions (addOpenFast) never rotate, and
+// may still land beside it.
 func (t *Table) addWindows(e *entry, now int64, mask uint8, v [2]int64, peek bool) [2]View {
 	var out [2]View
 	var pars [2]int
+	e.mu.Lock()
 	// Find every window before counting in any: the atomic adds are full
 	// barriers, so reading both sizes' windows first lets the CPU fetch
 	// their cache lines in parallel rather than one after the other.
 	for w := range t.n {
 		if mask&(1<<w) != 0 {
-			out[w].Start, pars[w] = t.window(e, w, now)
+			out[w].Start, pars[w] = t.windowLocking(e, w, now, false)
 		}
 	}
 	for w := range t.n {
@@ -239,6 +260,7 @@ func (t *Table) addWindows(e *entry, now int64, mask uint8, v [2]int64, peek boo
 		size := t.sizeMS[w]
 		out[w].Cur, out[w].Prev = p.viewsAt(x, size, par)
 	}
+	e.mu.Unlock()
 	return out
 }
 
@@ -273,6 +295,16 @@ func (t *Table) takeBack(e *entry, mask uint8, starts, v [2]int64) {
 	for w := range t.n {
 		if mask&(1<<w) == 0 || v[w] == 0 {
 			continue
+		}
+		if starts[w] > e.w[w].latest.Load() {
+			// The entry was evicted after the count and made again by a
+			// call behind the count's window (found by review): the count
+			// is in the old entry's record, under another ref. Open the
+			// window here and take the count from its slot: a record of
+			// this entry for a window it then opens would share the
+			// slot's ref, and the slot's ack and retirement would
+			// swallow it, leaving the rejected hit counted.
+			e.rotate(t, w, starts[w])
 		}
 		if s, ok := e.w[w].held(starts[w], t.sizeMS[w]); ok {
 			s.add(-v[w])

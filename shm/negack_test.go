@@ -50,7 +50,15 @@ func TestViewDuringNegativeAck(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { testHookView = nil })
-	allow() // B: local 1, loads it, then synced 0: view 1, admitted
+	// B: counted, then judged on the view Add returns, which reads the
+	// slot without the entry's lock (a judged call's own view holds it
+	// now, so no push settles inside it). Old view: local 1, loaded, then
+	// synced 0: view 1, admitted.
+	if vw := tb.Add("k", 0, now, 1); vw.Cur <= limit {
+		admitted++
+	} else {
+		tb.Add("k", 0, now, -1)
+	}
 	testHookView = nil
 	var b2 Batch
 	tb.collectAll(now, false, &b2)
