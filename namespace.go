@@ -343,10 +343,14 @@ func (ns *Namespace) newBatchID() string {
 // after Close return ErrClosed; calls in flight when Close begins finish
 // first, and their hits are pushed with the others (a synchronous-mode
 // write-through still waiting on the store when ctx is done makes Close
-// return an UnpushedError that counts its hits). Close returns nil only when no hit counted on
-// this node is lost. If the store cannot take the hits before ctx is done,
-// Close returns by then with an error matching ErrStoreUnavailable, in which
-// errors.As finds an *UnpushedError that says how many hits were not pushed.
+// return an UnpushedError that counts its hits). Close returns nil only when
+// it pushed every hit this node still held. Hits given up earlier to keep
+// memory bounded (Stats.DroppedHits: retired windows past their cap while
+// no push succeeded) were lost then, and Close does not report them again:
+// read DroppedHits before or after Close to know. If the store cannot take
+// the hits before ctx is done, Close returns by then with an error matching
+// ErrStoreUnavailable, in which errors.As finds an *UnpushedError that says
+// how many hits were not pushed.
 func (ns *Namespace) Close(ctx context.Context) error {
 	if ctx == nil {
 		return ErrNilContext
