@@ -3,9 +3,7 @@ package shm
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,49 +193,4 @@ func TestTakeBackOnRecreatedEntry(t *testing.T) {
 	t.Logf("store holds %d for the second (want 1: the admitted hit); pending %d in %d records", got, hits, retired)
 	require.Equal(t, int64(1), got, "the rejected hit stayed counted")
 	require.Zero(t, hits)
-}
-
-// TestStressJudgedRotationByTwo: no hooks, one limit (mask 1): the
-// boundary stress of TestBoundaryStressAdmitsTheLimitPerWindow with the
-// late goroutine two windows ahead instead of one. A's second is full, so
-// only the second two later admits, at most its limit: the calls admitted
-// in a round are at most the limit.
-func TestStressJudgedRotationByTwo(t *testing.T) {
-	const limit, rounds = 4, 1000
-	over := 0
-	for r := range rounds {
-		tb := newTable(t, Options{Sizes: []time.Duration{time.Second, time.Minute}, Track: true})
-		x := int64(1_000_000 + r*1000)
-		judge := func(v [2]View) bool { return v[0].Cur <= limit }
-		for range limit {
-			tb.AddWindowsOpen("k", x+999, 1, [2]int64{1, 1}, false, false, true, judge)
-		}
-		var admitted atomic.Int64
-		var wg sync.WaitGroup
-		for g := range 4 {
-			wg.Go(func() {
-				for i := range 200 {
-					at := x + 999
-					if g == 0 && i >= 20 {
-						at = x + 2000
-					}
-					if _, ok, _, _ := tb.AddWindowsOpen("k", at, 1, [2]int64{1, 1}, false, false, true, judge); ok {
-						admitted.Add(1)
-					}
-					if i%16 == 0 {
-						runtime.Gosched()
-					}
-				}
-			})
-		}
-		wg.Wait()
-		if n := admitted.Load(); n > limit {
-			over++
-			if over <= 3 {
-				t.Logf("round %d: admitted %d after the full second (limit %d in the second two later); it holds %d",
-					r, n, limit, tb.Peek("k", 0, x+2000).Cur)
-			}
-		}
-	}
-	require.Zero(t, over, "rounds that admitted more than the limit")
 }
