@@ -234,29 +234,17 @@ func (p *pair) view(x, size int64) int64 {
 
 // viewsAt returns the node's counts for the window starting at x, whose
 // parity the caller knows (no division), and for the one before it: 0 for
-// a window not held. One call and one load of latest serve both, and each
-// slot is read as view reads it (written out here, with view's test hook:
-// the hot paths read four slots per call, and view does not inline).
+// a window not held. One load of latest serves both.
 func (p *pair) viewsAt(x, size int64, par int) (cur, prev int64) {
 	lat := p.latest.Load()
 	if lat == noWindow {
 		return 0, 0
 	}
 	if x == lat || x == lat-size {
-		s := &p.slot[par]
-		l := s.local.Load()
-		if testHookView != nil {
-			testHookView()
-		}
-		cur = s.viewFrom(l)
+		cur = p.slot[par].view()
 	}
 	if x-size == lat || x-size == lat-size {
-		s := &p.slot[par^1]
-		l := s.local.Load()
-		if testHookView != nil {
-			testHookView()
-		}
-		prev = s.viewFrom(l)
+		prev = p.slot[par^1].view()
 	}
 	return cur, prev
 }

@@ -34,13 +34,6 @@ func rfStoreSum(t *testing.T, st *memory.Store, key string, from, to int64) int6
 	return sum
 }
 
-func rfCycle(t *testing.T, tb *Table, st *memory.Store, now int64, id string) {
-	t.Helper()
-	var b Batch
-	tb.collectAll(now, false, &b)
-	settle(t, tb, st, &b, id)
-}
-
 type rfCase struct {
 	name string
 	v    int64
@@ -67,7 +60,7 @@ func rfCases(t *testing.T) []rfCase {
 	}
 	for _, v := range []int64{1, -1, maxFast, -maxFast, maxFast - 1} {
 		cases = append(cases, rfCase{name: fmt.Sprintf("collect-ack/v=%d", v), v: v, race: func(tb *Table, st *memory.Store) int64 {
-			rfCycle(t, tb, st, now, "race")
+			collectSettle(t, tb, st, now, "race")
 			return 0
 		}})
 		cases = append(cases, rfCase{name: fmt.Sprintf("collect-evict-ack/v=%d", v), v: v, race: func(tb *Table, st *memory.Store) int64 {
@@ -139,7 +132,7 @@ func TestFastAddRaces(t *testing.T) {
 						require.False(t, ok)
 					}
 					for i := range 3 {
-						rfCycle(t, tb, st, now+3*rfSize, fmt.Sprintf("f%d", i))
+						collectSettle(t, tb, st, now+3*rfSize, fmt.Sprintf("f%d", i))
 					}
 					hits, retired := tb.Pending()
 					require.Zero(t, hits)

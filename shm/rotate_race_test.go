@@ -106,9 +106,7 @@ func TestJudgedTakeBackRacingRotationByTwo(t *testing.T) {
 	join()
 	require.False(t, ok, "A: the minute's limit is spent")
 
-	var b Batch
-	tb.collectAll(rvLater, false, &b)
-	settle(t, tb, st, &b, "b")
+	collectSettle(t, tb, st, rvLater, "b")
 	get := func(start int64) int64 {
 		n, err := st.GetWindow(context.Background(), "ns", strategy.CounterID{Key: "k", Size: time.Second, Start: start})
 		require.NoError(t, err)
@@ -176,16 +174,11 @@ func TestTakeBackOnRecreatedEntry(t *testing.T) {
 	dropKey(tb, "k")
 	tb.Peek("k", 0, rvSecond-1) // a call whose clock read the second before
 	tb.TakeBack("k", rvNow, 1, [2]int64{out[0].Start}, [2]int64{1, 0})
-	cycle := func(now int64, id string) {
-		var b Batch
-		tb.collectAll(now, false, &b)
-		settle(t, tb, st, &b, id)
-	}
-	cycle(rvNow, "c1")
-	cycle(rvNow, "c2")
+	collectSettle(t, tb, st, rvNow, "c1")
+	collectSettle(t, tb, st, rvNow, "c2")
 	tb.Peek("k", 0, rvLater) // the key moves on two seconds
 	for i := range 4 {
-		cycle(rvLater, fmt.Sprintf("d%d", i))
+		collectSettle(t, tb, st, rvLater, fmt.Sprintf("d%d", i))
 	}
 	hits, retired := tb.Pending()
 	got, err := st.GetWindow(context.Background(), "ns", strategy.CounterID{Key: "k", Size: time.Second, Start: rvSecond})

@@ -214,6 +214,15 @@ func TestExpiredEntriesLeaveWithoutEviction(t *testing.T) {
 	require.LessOrEqual(t, tb.Len(), 64)
 }
 
+// collectSettle collects every window of tb at now into one batch and
+// settles it with settle.
+func collectSettle(t testing.TB, tb *Table, st *memory.Store, now int64, id string) {
+	t.Helper()
+	var b Batch
+	tb.collectAll(now, false, &b)
+	settle(t, tb, st, &b, id)
+}
+
 // settle pushes b until the store gives a definite answer, as the sync loop
 // does. Once an attempt's outcome was unknown, only a success settles b: a
 // later "not applied" speaks for that attempt alone.
