@@ -207,13 +207,77 @@ func (t *Table) AddPending(key string, w int, now, v int64, b *Batch) View {
 }
 
 // PeekReads is Peek for a read-through: it appends to b reads of key's current
-// and previous window at now. Settle b with Ack.
-func (t *Table) PeekReads(key string, w int, now int64, b *Batch) {
+// and previous window at now, and returns the view before them. Settle b
+// with Ack.
+func (t *Table) PeekReads(key string, w int, now int64, b *Batch) View {
 	s, e, excl := t.lock(key, now)
-	x, _ := t.window(e, w, now)
+	x, par := t.window(e, w, now)
+	size := t.sizeMS[w]
 	t.addRead(b, counterRef{e: e, w: uint8(w), start: x}, e.key())
-	t.addRead(b, counterRef{e: e, w: uint8(w), start: x - t.sizeMS[w]}, e.key())
+	t.addRead(b, counterRef{e: e, w: uint8(w), start: x - size}, e.key())
+	t.touch(s, e)
+	vw := View{Start: x}
+	e.mu.Lock()
+	vw.Cur, vw.Prev = e.w[w].viewsAt(x, size, par)
+	e.mu.Unlock()
 	s.unlock(excl)
+	return vw
+}
+
+// ViewAt returns key's view of the window of size index w starting at x
+// (and of the one before it), whatever window now is: a write-through judges
+// the window its hit counted in, which a call at a later instant may have
+// rotated away from the newest during the push. learned reports, for the
+// window and the one before, whether the node knows the store's total for
+// it: a window not held reads 0, and one whose total the entry has not
+// learned (made since, by a rotation or by making the entry again) reads
+// this node's unconfirmed hits only; the caller adds the store's reply. It
+// reads both under the entry's lock, so no rotation comes in between, and
+// creates nothing.
+func (t *Table) ViewAt(key string, w int, x int64) (v View, learned [2]bool) {
+	v.Start = x
+	s, e := t.lookup(key)
+	if e == nil {
+		return v, learned
+	}
+	size, p := t.sizeMS[w], &e.w[w]
+	e.mu.Lock()
+	for k, n := range [2]*int64{&v.Cur, &v.Prev} {
+		if sl, ok := p.held(x-int64(k)*size, size); ok {
+			*n = sl.view()
+			learned[k] = sl.synced.Load() != unknown
+		}
+	}
+	e.mu.Unlock()
+	s.mu.RUnlock()
+	return v, learned
+}
+
+// TakeBackPending is TakeBack for a write-through, one window size: it takes
+// v back from key's window of size index w starting at start (the window a
+// write-through counted it in, whatever window is newest now) and, when the
+// entry still holds that window, appends the correction to b as pending,
+// and reports true. A window rotated out since had the count retired with
+// it: the correction goes to the retired record, which the next sync
+// pushes, and TakeBackPending reports false. Settle b with Ack or Release.
+func (t *Table) TakeBackPending(key string, w int, now, start, v int64, b *Batch) bool {
+	s, e, excl := t.lock(key, now)
+	defer s.unlock(excl)
+	defer t.touch(s, e)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if start > e.w[w].latest.Load() {
+		e.rotate(t, w, start) // re-created since the count (see takeBack)
+	}
+	ref := counterRef{e: e, w: uint8(w), start: start}
+	sl, ok := e.w[w].held(start, t.sizeMS[w])
+	if !ok {
+		t.adjustRetired(ref, -v)
+		return false
+	}
+	sl.add(-v)
+	t.addDiff(b, ref, e.key(), -v)
+	return true
 }
 
 // AddWindows is Add for several window sizes of one key at once: for each
