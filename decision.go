@@ -136,6 +136,9 @@ type lstate struct {
 	ti int // index of t in the namespace's tables
 	w  int // index of the window in the table's entries
 	v  shm.View
+	// A write-through's diff and read in its table's part of the push
+	// (-1: none); see push.throughView.
+	di, ri int32
 	// Token buckets (owner only but for bt, interval, burst).
 	bt       *shm.Buckets
 	interval float64 // ms per token
@@ -427,10 +430,13 @@ func (ns *Namespace) decideSync(ctx context.Context, d *Decision, key string, co
 		switch {
 		case !undo:
 		case err != nil || budget <= 0:
-			// Take the hit back here; the retry loop pushes the correction.
+			// Take the hit back here, from the window it counted in;
+			// the retry loop pushes the correction.
 			for j := range st {
-				if st[j].kind == kindWindow && st[j].owner == j && !st[j].penalty {
-					st[j].v = st[j].t.Add(key, st[j].w, now, -cost)
+				if s := &st[j]; s.kind == kindWindow && s.owner == j && !s.penalty {
+					var starts, v [2]int64
+					starts[s.w], v[s.w] = s.v.Start, cost
+					s.v = s.t.TakeBack(key, now, 1<<s.w, starts, v)[s.w]
 				}
 			}
 		default:
@@ -458,35 +464,54 @@ func kinds(st []lstate) (windows, others bool) {
 }
 
 // throughAll writes value through to the store for every window counter of st
-// in one round trip (value 0: reads them), then loads the views.
+// in one round trip (value 0: reads them), then loads the views of the
+// windows counted in (see push.throughView).
 func (ns *Namespace) throughAll(ctx context.Context, key string, st []lstate, now, value int64) error {
 	p := ns.newPush()
 	for j := range st {
 		if s := &st[j]; s.owner == j && s.kind == kindWindow {
 			part := &p.parts[s.ti]
+			s.di, s.ri = int32(len(part.Diffs)), int32(len(part.Reads))
 			if value == 0 {
-				s.t.PeekReads(key, s.w, now, part)
+				s.di = -1
+				s.v = s.t.PeekReads(key, s.w, now, part)
 			} else {
-				s.t.AddPending(key, s.w, now, value, part)
+				s.v = s.t.AddPending(key, s.w, now, value, part)
 			}
 		}
 	}
 	err := ns.sendThrough(ctx, p)
-	peekAll(key, st, now)
+	ns.throughViews(key, st, p, err == nil, false)
 	return err
 }
 
+// throughViews loads the view of every window counter of st after the
+// write-through p (skipping those with a penalty, with undo).
+func (ns *Namespace) throughViews(key string, st []lstate, p *push, ok, undo bool) {
+	for j := range st {
+		if s := &st[j]; s.owner == j && s.kind == kindWindow && !(undo && s.penalty) {
+			s.v = p.throughView(s.t, s.ti, s.w, key, s.v, s.di, s.ri, ok)
+		}
+	}
+}
+
 // undoAll takes back cost from every window counter of st without penalty, in
-// one round trip.
+// one round trip: from the windows it was counted in (the views' starts),
+// whichever window is newest now.
 func (ns *Namespace) undoAll(ctx context.Context, key string, st []lstate, now, cost int64) error {
 	p := ns.newPush()
 	for j := range st {
 		if s := &st[j]; s.owner == j && s.kind == kindWindow && !s.penalty {
-			s.t.AddPending(key, s.w, now, -cost, &p.parts[s.ti])
+			part := &p.parts[s.ti]
+			s.di, s.ri = int32(len(part.Diffs)), -1
+			s.v.Cur -= cost // the view without the hit, if none is read
+			if !s.t.TakeBackPending(key, s.w, now, s.v.Start, cost, part) {
+				s.di = -1
+			}
 		}
 	}
 	err := ns.sendThrough(ctx, p)
-	peekAll(key, st, now)
+	ns.throughViews(key, st, p, err == nil, true)
 	return err
 }
 

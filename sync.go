@@ -29,6 +29,9 @@ type push struct {
 	bparts  []shm.BucketBatch
 	batch   strategy.Batch
 	unknown bool // an attempt's outcome was unknown: only a success settles it now
+	// res is the store's answer to the attempt that succeeded (write-throughs
+	// judge their windows from it; see throughView).
+	res strategy.Result
 }
 
 func (ns *Namespace) newPush() *push {
@@ -88,6 +91,7 @@ func (ns *Namespace) send(ctx context.Context, p *push) error {
 	}
 	if err == nil {
 		ns.throughDown.Store(false)
+		p.res = res
 		d, r := 0, 0
 		for i := range p.parts {
 			part := &p.parts[i]
@@ -133,6 +137,7 @@ func (ns *Namespace) keepSpare(p *push) {
 	p.batch.BucketDiffs, p.batch.BucketReads = nil, nil
 	p.watches, p.batch.Watches = p.watches[:0], nil
 	p.batch.PassDiffs = 0
+	p.res = strategy.Result{}
 	ns.spare = p
 }
 
@@ -450,14 +455,71 @@ func (ns *Namespace) fetchLocked(ctx context.Context, now int64) error {
 // previous window, or reads both windows; then the rate from the views.
 func (ns *Namespace) through(ctx context.Context, t *shm.Table, i int, key string, now, value int64, write bool) (float64, error) {
 	p := ns.newPush()
+	var v shm.View
 	if write {
-		t.AddPending(key, i%2, now, value, &p.parts[i/2])
+		v = t.AddPending(key, i%2, now, value, &p.parts[i/2])
 	} else {
-		t.PeekReads(key, i%2, now, &p.parts[i/2])
+		v = t.PeekReads(key, i%2, now, &p.parts[i/2])
 	}
 	err := ns.sendThrough(ctx, p)
-	v := t.Peek(key, i%2, now)
+	d, r := int32(-1), int32(0)
+	if write {
+		d = 0
+	}
+	v = p.throughView(t, i/2, i%2, key, v, d, r, err == nil)
 	return slidingRate(v.Cur, v.Prev, now, v.Start, ns.sizeMS[i]), err
+}
+
+// throughView returns the view a write-through judges after its push p:
+// the view of the window its hit counted in (start fb.Start), not of the
+// window newest now, which a call at a later instant may have rotated to
+// during the push (found by review: a fixed limit of 1 a second admitted a
+// second call in a spent second).
+//
+// A count the node has learned the store's total for is its view (with
+// the hits it has counted or taken back since). Another (a window rotated
+// out of the entry during the push, or one of an entry made again) is the
+// store's reply to p when p succeeded (ok) and asked for it, plus this
+// node's unconfirmed hits: the total of p's diff d of table part i (d < 0:
+// none), and the read r of the window before it (with no diff, r reads the
+// window itself and r+1 the one before). Without a reply it is the larger
+// of the view and fb, the view at the count. So no such window is judged
+// on 0.
+func (p *push) throughView(t *shm.Table, i, w int, key string, fb shm.View, d, r int32, ok bool) shm.View {
+	var reply [2]int64
+	var replied [2]bool
+	if ok {
+		do, ro := p.offsets(i)
+		switch {
+		case d >= 0:
+			reply[0], replied[0] = p.res.Totals[do+int(d)], true
+			if r >= 0 {
+				reply[1], replied[1] = p.res.Reads[ro+int(r)], true
+			}
+		case r >= 0:
+			reply = [2]int64{p.res.Reads[ro+int(r)], p.res.Reads[ro+int(r)+1]}
+			replied = [2]bool{true, true}
+		}
+	}
+	v, learned := t.ViewAt(key, w, fb.Start)
+	for k, n := range [2]*int64{&v.Cur, &v.Prev} {
+		switch {
+		case learned[k]:
+		case replied[k]:
+			*n += reply[k]
+		default:
+			*n = max(*n, [2]int64{fb.Cur, fb.Prev}[k])
+		}
+	}
+	return v
+}
+
+// offsets returns where part i's diffs and reads begin in p's batch.
+func (p *push) offsets(i int) (d, r int) {
+	for k := range i {
+		d, r = d+len(p.parts[k].Diffs), r+len(p.parts[k].Reads)
+	}
+	return d, r
 }
 
 // sendThrough sends a synchronous-mode push. One that carried hits and whose
