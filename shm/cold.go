@@ -6,13 +6,17 @@ import "math"
 // and does not mark the entry used: a periodic namespace asks it before a
 // decision, to know whether the key is cold (never seen here, or evicted
 // since) and its totals must be read from the store first.
+//
+// An entry a take-back made again after its key was evicted is not held in
+// this sense: it holds a correction, but not the key's totals.
 func (t *Table) Holds(key string) bool {
 	s, e := t.lookup(key)
 	if e == nil {
 		return false
 	}
+	held := e.flags.Load()&flagUnread == 0
 	s.mu.RUnlock()
-	return true
+	return held
 }
 
 // LoadCold records what the store reported, at now, for a key this node did
@@ -49,6 +53,9 @@ func (t *Table) LoadCold(key string, now int64, mask uint8, counts [2][2]int64) 
 			}
 		}
 		e.mu.Unlock()
+	}
+	if e.flags.Load()&flagUnread != 0 {
+		e.flags.And(^flagUnread) // read now: the key is warm
 	}
 	t.touch(s, e)
 }
@@ -119,6 +126,9 @@ func (t *Table) AddWindowsOpen(key string, now int64, mask uint8, v [2]int64, pe
 	if !ifHeld {
 		s, e, excl = t.lock(key, now)
 	} else if s, e = t.lookup(key); e == nil {
+		return out, false, false, !sealable || !t.sealed.Load()
+	} else if e.flags.Load()&flagUnread != 0 {
+		s.mu.RUnlock() // cold: see Holds
 		return out, false, false, !sealable || !t.sealed.Load()
 	} else {
 		e.markUsed()

@@ -13,21 +13,37 @@ import (
 // not, so keys seen once (a flood of one-hit keys) are evicted before keys
 // seen again, which the hand spares for one more lap.
 func (t *Table) lock(key string, now int64) (s *shard, e *entry, excl bool) {
+	s, e, excl, _ = t.lockMade(key, now)
+	return s, e, excl
+}
+
+// lockMade is lock, and reports whether this call made the entry.
+func (t *Table) lockMade(key string, now int64) (s *shard, e *entry, excl, made bool) {
 	h := maphash.String(t.seed, key)
 	s = t.shardOf(h)
 	s.mu.RLock()
 	if e = s.find(key, h); e != nil {
 		e.markUsed()
-		return s, e, false
+		return s, e, false, false
 	}
 	s.mu.RUnlock()
 	s.mu.Lock()
 	if e = s.find(key, h); e == nil {
-		e = t.insert(s, key, h, now) // copies key
+		e, made = t.insert(s, key, h, now), true // copies key
 	} else {
 		e.markUsed()
 	}
-	return s, e, true
+	return s, e, true, made
+}
+
+// lockTakeBack is lock for a take-back: an entry it makes (the key was
+// evicted since the count) is marked unread, so the key stays cold.
+func (t *Table) lockTakeBack(key string, now int64) (s *shard, e *entry, excl bool) {
+	s, e, excl, made := t.lockMade(key, now)
+	if made {
+		e.flags.Or(flagUnread)
+	}
+	return s, e, excl
 }
 
 // markUsed sets the entry's reference bit for the eviction hand.
@@ -261,7 +277,7 @@ func (t *Table) ViewAt(key string, w int, x int64) (v View, learned [2]bool) {
 // it: the correction goes to the retired record, which the next sync
 // pushes, and TakeBackPending reports false. Settle b with Ack or Release.
 func (t *Table) TakeBackPending(key string, w int, now, start, v int64, b *Batch) bool {
-	s, e, excl := t.lock(key, now)
+	s, e, excl := t.lockTakeBack(key, now)
 	defer s.unlock(excl)
 	defer t.touch(s, e)
 	e.mu.Lock()
@@ -339,7 +355,7 @@ func (t *Table) addWindows(e *entry, now int64, mask uint8, v [2]int64, peek boo
 // under a fixed limit of 4 a second). TakeBack finds the window by its
 // start instead (see takeBack).
 func (t *Table) TakeBack(key string, now int64, mask uint8, starts, v [2]int64) [2]View {
-	s, e, excl := t.lock(key, now)
+	s, e, excl := t.lockTakeBack(key, now)
 	t.takeBack(e, mask, starts, v)
 	out := t.addWindows(e, now, mask, [2]int64{}, true)
 	t.touch(s, e)

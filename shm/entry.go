@@ -28,6 +28,10 @@ const (
 	// flagBornSealed: created after Seal, so a lean call, which Seal
 	// refuses, must not count in it (see addOpenFast).
 	flagBornSealed
+	// flagUnread: made again by a take-back after its key was evicted, to
+	// hold the correction; the store's totals were never read into it, so
+	// the key still counts as cold until LoadCold (see Holds).
+	flagUnread
 )
 
 // poison is what a window's local count becomes when its entry leaves the

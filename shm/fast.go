@@ -85,14 +85,15 @@ func (t *Table) addOpenFast(key string, w int, now, v int64) (View, bool) {
 // findFast finds key's entry without the shard's lock, with its shard and
 // the window of size index w that a call at now counts in: its start x and
 // slot index par. It reports false when a lock-free call cannot use it: the
-// key is not found, the entry is dead or was created after Seal, or now is
+// key is not found, the entry is dead, was created after Seal or is unread
+// (the locked path tells a cold read it is not held), or now is
 // in a window the entry has not opened (rotating needs its lock). The
 // results are separate values, not a struct: Go returns them in registers.
 func (t *Table) findFast(key string, w int, now int64) (s *shard, e *entry, x int64, par int, ok bool) {
 	h := maphash.String(t.seed, key)
 	s = t.shardOf(h)
 	e = s.find(key, h)
-	if e == nil || e.flags.Load()&(flagDead|flagBornSealed) != 0 {
+	if e == nil || e.flags.Load()&(flagDead|flagBornSealed|flagUnread) != 0 {
 		return nil, nil, 0, 0, false
 	}
 	lat := e.w[w].latest.Load()

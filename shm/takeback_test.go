@@ -133,3 +133,36 @@ func TestBoundaryStressAdmitsTheLimitPerWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeBackOnEvictedKeyLeavesItCold: a take-back whose key was evicted
+// since the count makes the entry again, to hold the correction. The key's
+// totals were never read into it, so a namespace that reads cold keys must
+// still find it cold: otherwise the next decision skips the read and judges
+// this node's correction alone, as if the key were new to the cluster.
+// LoadCold then warms it, with the correction on top of the store's total.
+func TestTakeBackOnEvictedKeyLeavesItCold(t *testing.T) {
+	const x = 1_000_000
+	check := func(t *testing.T, tb *Table, takeBack func()) {
+		takeBack()
+		require.False(t, tb.Holds("k"), "a take-back makes the key held")
+		_, held := tb.AddWindowsIfHeld("k", x+500, 1, [2]int64{1, 0}, false)
+		require.False(t, held)
+		_, held, _ = tb.AddOpen("k", 0, x+500, 1, true, false)
+		require.False(t, held, "the lock-free path finds it held")
+		tb.LoadCold("k", x+500, 1, [2][2]int64{{5, 0}})
+		require.True(t, tb.Holds("k"))
+		v, held := tb.AddWindowsIfHeld("k", x+500, 1, [2]int64{}, true)
+		require.True(t, held)
+		require.Equal(t, int64(4), v[0].Cur, "the store's 5, less the hit taken back")
+	}
+	t.Run("TakeBack", func(t *testing.T) {
+		tb := newTable(t, Options{Sizes: []time.Duration{time.Second}, Track: true})
+		check(t, tb, func() { tb.TakeBack("k", x+500, 1, [2]int64{x, 0}, [2]int64{1, 0}) })
+	})
+	t.Run("TakeBackPending", func(t *testing.T) {
+		tb := newTable(t, Options{Sizes: []time.Duration{time.Second}, Track: true, WriteThrough: true})
+		var b Batch
+		check(t, tb, func() { tb.TakeBackPending("k", 0, x+500, x, 1, &b) })
+		tb.Release(&b)
+	})
+}
