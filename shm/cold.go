@@ -114,12 +114,15 @@ func (t *Table) Seal() {
 // and nothing done for a key the table does not hold) for a caller that
 // judges the views at once: when judge rejects the views and the call
 // counts (not peek), v is taken back under the same hold of the key's
-// shard, and the views returned are those after. ok is judge's verdict (a
+// entry lock, and the views returned are those after. ok is judge's verdict (a
 // nil judge admits). With sealable, a sealed table counts nothing and
 // open is false; the lean decision paths, which Close does not wait for,
 // pass it. It is the body of AddWindows and AddWindowsIfHeld too, and no
 // wrapper of its own: the hot paths call it directly.
 func (t *Table) AddWindowsOpen(key string, now int64, mask uint8, v [2]int64, peek, ifHeld, sealable bool, judge func([2]View) bool) (out [2]View, ok, held, open bool) {
+	if out, ok, done := t.addWindowsFast(key, now, mask, v, peek, sealable, judge); done {
+		return out, ok, true, true
+	}
 	var s *shard
 	var e *entry
 	excl := false

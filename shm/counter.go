@@ -318,9 +318,16 @@ func (t *Table) AddWindows(key string, now int64, mask uint8, v [2]int64, peek b
 // admitted a load of 3). Lock-free additions (addOpenFast) never rotate, and
 // may still land beside it.
 func (t *Table) addWindows(e *entry, now int64, mask uint8, v [2]int64, peek bool) [2]View {
+	e.mu.Lock()
+	out := t.addWindowsLocked(e, now, mask, v, peek)
+	e.mu.Unlock()
+	return out
+}
+
+// addWindowsLocked is addWindows for a caller that holds e.mu.
+func (t *Table) addWindowsLocked(e *entry, now int64, mask uint8, v [2]int64, peek bool) [2]View {
 	var out [2]View
 	var pars [2]int
-	e.mu.Lock()
 	// Find every window before counting in any: the atomic adds are full
 	// barriers, so reading both sizes' windows first lets the CPU fetch
 	// their cache lines in parallel rather than one after the other.
@@ -340,7 +347,6 @@ func (t *Table) addWindows(e *entry, now int64, mask uint8, v [2]int64, peek boo
 		size := t.sizeMS[w]
 		out[w].Cur, out[w].Prev = p.viewsAt(x, size, par)
 	}
-	e.mu.Unlock()
 	return out
 }
 
@@ -372,6 +378,11 @@ func (t *Table) TakeBack(key string, now int64, mask uint8, starts, v [2]int64) 
 func (t *Table) takeBack(e *entry, mask uint8, starts, v [2]int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	t.takeBackLocked(e, mask, starts, v)
+}
+
+// takeBackLocked is takeBack for a caller that holds e.mu.
+func (t *Table) takeBackLocked(e *entry, mask uint8, starts, v [2]int64) {
 	for w := range t.n {
 		if mask&(1<<w) == 0 || v[w] == 0 {
 			continue

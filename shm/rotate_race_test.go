@@ -31,21 +31,25 @@ import (
 // A instead (see duringView): the tests then check the serial outcome.
 
 // duringView arms testHookView to run fn from inside the next view of
-// key's windows: inline when the entry's lock is free there (fn then
-// interleaves with the viewing call, as before the fix), else in a
-// goroutine that waits for the lock, which the returned func joins.
+// key's windows (see interleave); the returned func joins it.
 func duringView(t *testing.T, tb *Table, key string, fn func()) (join func()) {
 	var wg sync.WaitGroup
-	hookOnce(t, &testHookView, func() {
-		if e := tb.lookupEntry(key); e != nil && !e.mu.TryLock() {
-			wg.Go(fn)
-			return
-		} else if e != nil {
-			e.mu.Unlock()
-		}
-		fn()
-	})
+	hookOnce(t, &testHookView, func() { interleave(tb, key, fn, &wg) })
 	return wg.Wait
+}
+
+// interleave runs fn, a racing call, from inside another call on key: inline
+// when key's entry lock is free there (fn then interleaves with that call,
+// as it could before the lock was held there), else in a goroutine of wg
+// that waits for the lock (the outcome is then the serial one).
+func interleave(tb *Table, key string, fn func(), wg *sync.WaitGroup) {
+	if e := tb.lookupEntry(key); e != nil && !e.mu.TryLock() {
+		wg.Go(fn)
+		return
+	} else if e != nil {
+		e.mu.Unlock()
+	}
+	fn()
 }
 
 const (
