@@ -476,15 +476,17 @@ func (ns *Namespace) through(ctx context.Context, t *shm.Table, i int, key strin
 // during the push (found by review: a fixed limit of 1 a second admitted a
 // second call in a spent second).
 //
-// A count the node has learned the store's total for is its view (with
-// the hits it has counted or taken back since). Another (a window rotated
-// out of the entry during the push, or one of an entry made again) is the
-// store's reply to p when p succeeded (ok) and asked for it, plus this
-// node's unconfirmed hits: the total of p's diff d of table part i (d < 0:
-// none), and the read r of the window before it (with no diff, r reads the
-// window itself and r+1 the one before). Without a reply it is the larger
-// of the view and fb, the view at the count. So no such window is judged
-// on 0.
+// When p succeeded (ok) and asked for a count, the count is the store's
+// reply plus what this node counts that the reply may lack (see
+// shm.Table.ViewAt): the total of p's diff d of table part i (d < 0: none),
+// and the read r of the window before it (with no diff, r reads the window
+// itself and r+1 the one before). Not the node's view: its total may be
+// another push's, older than this one's or learned by an entry made again
+// since the count (an eviction during the push), and its local count may
+// still subtract a take-back the store applied before this push (both
+// found by review). Without a reply, a count is the node's view where it
+// learned the store's total, else the larger of the view and fb, the view
+// at the count: a window rotated out during the push is never judged on 0.
 func (p *push) throughView(t *shm.Table, i, w int, key string, fb shm.View, d, r int32, ok bool) shm.View {
 	var reply [2]int64
 	var replied [2]bool
@@ -501,12 +503,12 @@ func (p *push) throughView(t *shm.Table, i, w int, key string, fb shm.View, d, r
 			replied = [2]bool{true, true}
 		}
 	}
-	v, learned := t.ViewAt(key, w, fb.Start)
+	v, learned, beyond := t.ViewAt(key, w, fb.Start)
 	for k, n := range [2]*int64{&v.Cur, &v.Prev} {
 		switch {
-		case learned[k]:
 		case replied[k]:
-			*n += reply[k]
+			*n = reply[k] + beyond[k]
+		case learned[k]:
 		default:
 			*n = max(*n, [2]int64{fb.Cur, fb.Prev}[k])
 		}

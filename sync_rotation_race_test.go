@@ -32,18 +32,9 @@ func (h *hookedStore) PushDiffs(ctx context.Context, b *strategy.Batch) (strateg
 // their clocks from the returned pointers.
 func syncRotationNodes(t *testing.T) (a, b *ratelimit.Namespace, hs *hookedStore, clockA, clockB *atomic.Int64) {
 	t.Helper()
-	store := memory.New()
-	hs = &hookedStore{Store: store}
-	clockA, clockB = new(atomic.Int64), new(atomic.Int64)
-	newNode := func(s strategy.Strategy, c *atomic.Int64) *ratelimit.Namespace {
-		ns, err := ratelimit.NewRegistry().New(ratelimit.Config{Namespace: "syncrot", WindowSizes: []time.Duration{time.Second},
-			SyncRate: 0, Strategy: s, ColdRead: ratelimit.ColdReadOff,
-			Clock: func() time.Time { return time.UnixMilli(c.Load()) }})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = ns.Close(context.Background()) })
-		return ns
-	}
-	return newNode(hs, clockA), newNode(store, clockB), hs, clockA, clockB
+	hs = &hookedStore{Store: memory.New()}
+	clockA, clockB = newClock(0), newClock(0)
+	return syncTestNode(t, hs, clockA, 0), syncTestNode(t, hs.Store, clockB, 0), hs, clockA, clockB
 }
 
 // In synchronous mode a call writes its hit through, then judges the view.
@@ -106,7 +97,7 @@ func TestSyncAllowRacingRotationJudgesItsWindow(t *testing.T) {
 			// pushed by the next sync.
 			require.NoError(t, a.Sync(ctx))
 			for start, n := range c.want {
-				got, err := hs.Store.GetWindow(ctx, "syncrot", strategy.CounterID{Key: "k", Size: time.Second, Start: start})
+				got, err := hs.Store.GetWindow(ctx, "synctest", strategy.CounterID{Key: "k", Size: time.Second, Start: start})
 				require.NoError(t, err)
 				require.Equal(t, n, got, "store total of the second at %d", start)
 			}

@@ -243,30 +243,35 @@ func (t *Table) PeekReads(key string, w int, now int64, b *Batch) View {
 // ViewAt returns key's view of the window of size index w starting at x
 // (and of the one before it), whatever window now is: a write-through judges
 // the window its hit counted in, which a call at a later instant may have
-// rotated away from the newest during the push. learned reports, for the
-// window and the one before, whether the node knows the store's total for
-// it: a window not held reads 0, and one whose total the entry has not
-// learned (made since, by a rotation or by making the entry again) reads
-// this node's unconfirmed hits only; the caller adds the store's reply. It
-// reads both under the entry's lock, so no rotation comes in between, and
-// creates nothing.
-func (t *Table) ViewAt(key string, w int, x int64) (v View, learned [2]bool) {
+// rotated away from the newest during the push. A window the entry does
+// not hold reads 0. For the window and the one before, learned reports
+// whether the node knows the store's total for it, and beyond what this
+// node counts there that a store's reply to one of its pushes may lack:
+// its counts in no push (a refund, a hit counted while the store failed),
+// and the hits of pushes still in flight (counted even if the store
+// applied them before the reply: twice, never zero times). The take-backs
+// in flight are left out of beyond: the store may have applied them before
+// the reply, which then lacks the hits already. It reads all under the
+// entry's lock, so no rotation comes in between, and creates nothing.
+func (t *Table) ViewAt(key string, w int, x int64) (v View, learned [2]bool, beyond [2]int64) {
 	v.Start = x
 	s, e := t.lookup(key)
 	if e == nil {
-		return v, learned
+		return v, learned, beyond
 	}
 	size, p := t.sizeMS[w], &e.w[w]
 	e.mu.Lock()
 	for k, n := range [2]*int64{&v.Cur, &v.Prev} {
-		if sl, ok := p.held(x-int64(k)*size, size); ok {
+		start := x - int64(k)*size
+		if sl, ok := p.held(start, size); ok {
 			*n = sl.view()
 			learned[k] = sl.synced.Load() != unknown
+			beyond[k] = sl.local.Load() - t.pendNeg(counterRef{e: e, w: uint8(w), start: start})
 		}
 	}
 	e.mu.Unlock()
 	s.mu.RUnlock()
-	return v, learned
+	return v, learned, beyond
 }
 
 // TakeBackPending is TakeBack for a write-through, one window size: it takes

@@ -46,7 +46,10 @@ func (t *Table) adjustRetired(ref counterRef, d int64) {
 	if r := t.retired[ref]; r != nil {
 		r.local += d
 	} else {
-		t.retired[ref] = &retired{key: ref.e.key(), local: d}
+		// Diffs of ref still in flight belong to no record (rotate
+		// keeps none when they cancel out); their acknowledgements will
+		// land in this one, so it counts them as unconfirmed too.
+		t.retired[ref] = &retired{key: ref.e.key(), local: d + t.pend(ref)}
 	}
 	t.retMu.Unlock()
 }

@@ -68,7 +68,9 @@ func (t *Table) id(ref counterRef, key string) strategy.CounterID {
 func (t *Table) addDiff(b *Batch, ref counterRef, key string, d int64) {
 	if t.wt {
 		t.penMu.Lock()
-		t.pending[ref] += d
+		a := t.pending[ref]
+		a.add(d)
+		t.pending[ref] = a
 		t.penMu.Unlock()
 	} else {
 		ref.e.flags.Or(flagInFlight)
@@ -86,7 +88,28 @@ func (t *Table) pend(ref counterRef) int64 {
 	}
 	t.penMu.Lock()
 	defer t.penMu.Unlock()
-	return t.pending[ref]
+	a := t.pending[ref]
+	return a.pos + a.neg
+}
+
+// pendNeg returns the take-backs of ref in pushes still in flight (0 or
+// less; always 0 without WriteThrough).
+func (t *Table) pendNeg(ref counterRef) int64 {
+	if !t.wt {
+		return 0
+	}
+	t.penMu.Lock()
+	defer t.penMu.Unlock()
+	return t.pending[ref].neg
+}
+
+// add adds a diff of d.
+func (a *pendAmt) add(d int64) {
+	if d > 0 {
+		a.pos += d
+	} else {
+		a.neg += d
+	}
 }
 
 // unsettled reports whether ref may have hits in a push not settled yet:
@@ -116,8 +139,14 @@ func (t *Table) unpend(ref counterRef, d int64) {
 	}
 	t.penMu.Lock()
 	defer t.penMu.Unlock()
-	if n := t.pending[ref] - d; n != 0 {
-		t.pending[ref] = n
+	a := t.pending[ref]
+	if d > 0 { // each diff settles once, with the delta it was added with
+		a.pos -= d
+	} else {
+		a.neg -= d
+	}
+	if a != (pendAmt{}) {
+		t.pending[ref] = a
 	} else {
 		delete(t.pending, ref)
 	}

@@ -144,8 +144,13 @@ type Table struct {
 	open    map[*Batch]struct{} // batches collected and not settled yet (guarded by retMu)
 
 	penMu   sync.Mutex
-	pending map[counterRef]int64
+	pending map[counterRef]pendAmt
 }
+
+// pendAmt is what a counter has in pushes not settled yet: hits added
+// (pos) and taken back (neg) apart, because a reply from the store may
+// hold either already (see Table.BeyondReply).
+type pendAmt struct{ pos, neg int64 }
 
 type shard struct {
 	mu sync.RWMutex
@@ -203,7 +208,7 @@ func New(opts Options) (*Table, error) {
 	t := &Table{n: len(opts.Sizes), track: opts.Track || opts.WriteThrough, wt: opts.WriteThrough,
 		settle: opts.Settle.Milliseconds(), readAhead: opts.ReadAhead.Milliseconds(), walk: opts.Walk && !opts.Watch, watch: opts.Watch,
 		cursors: make(map[wkey]string), fullRead: make(map[wkey]bool), pressure: opts.Pressure, seed: maphash.MakeSeed(),
-		retired: make(map[counterRef]*retired), open: make(map[*Batch]struct{}), pending: make(map[counterRef]int64)}
+		retired: make(map[counterRef]*retired), open: make(map[*Batch]struct{}), pending: make(map[counterRef]pendAmt)}
 	for i, s := range opts.Sizes {
 		if s <= 0 || s%time.Millisecond != 0 {
 			return nil, errors.Join(ErrConfig, errors.New("shm: window sizes must be positive whole milliseconds"))
