@@ -114,7 +114,8 @@ func (t *Table) Seal() {
 // and nothing done for a key the table does not hold) for a caller that
 // judges the views at once: when judge rejects the views and the call
 // counts (not peek), v is taken back under the same hold of the key's
-// entry lock, and the views returned are those after. ok is judge's verdict (a
+// entry lock, and the views returned are those after. judge runs under
+// that lock: it must not call the table on key. ok is judge's verdict (a
 // nil judge admits). With sealable, a sealed table counts nothing and
 // open is false; the lean decision paths, which Close does not wait for,
 // pass it. It is the body of AddWindows and AddWindowsIfHeld too, and no

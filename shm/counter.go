@@ -13,12 +13,14 @@ import (
 // not, so keys seen once (a flood of one-hit keys) are evicted before keys
 // seen again, which the hand spares for one more lap.
 func (t *Table) lock(key string, now int64) (s *shard, e *entry, excl bool) {
-	s, e, excl, _ = t.lockMade(key, now)
+	s, e, excl, _ = t.lockMade(key, now, 0)
 	return s, e, excl
 }
 
-// lockMade is lock, and reports whether this call made the entry.
-func (t *Table) lockMade(key string, now int64) (s *shard, e *entry, excl, made bool) {
+// lockMade is lock, and reports whether this call made the entry; an entry
+// it makes carries flags from the start, before lock-free finders can see
+// it.
+func (t *Table) lockMade(key string, now int64, flags uint32) (s *shard, e *entry, excl, made bool) {
 	h := maphash.String(t.seed, key)
 	s = t.shardOf(h)
 	s.mu.RLock()
@@ -29,7 +31,7 @@ func (t *Table) lockMade(key string, now int64) (s *shard, e *entry, excl, made 
 	s.mu.RUnlock()
 	s.mu.Lock()
 	if e = s.find(key, h); e == nil {
-		e, made = t.insert(s, key, h, now), true // copies key
+		e, made = t.insert(s, key, h, now, flags), true // copies key
 	} else {
 		e.markUsed()
 	}
@@ -39,10 +41,10 @@ func (t *Table) lockMade(key string, now int64) (s *shard, e *entry, excl, made 
 // lockTakeBack is lock for a take-back: an entry it makes (the key was
 // evicted since the count) is marked unread, so the key stays cold.
 func (t *Table) lockTakeBack(key string, now int64) (s *shard, e *entry, excl bool) {
-	s, e, excl, made := t.lockMade(key, now)
-	if made {
-		e.flags.Or(flagUnread)
-	}
+	// Marked before it is placed in the index: a lock-free finder
+	// (findFast, addWindowsFast) that saw it unmarked would take the key
+	// as held.
+	s, e, excl, _ = t.lockMade(key, now, flagUnread)
 	return s, e, excl
 }
 

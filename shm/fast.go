@@ -143,6 +143,19 @@ func (t *Table) addWindowsFast(key string, now int64, mask uint8, v [2]int64, pe
 		e.mu.Unlock()
 		return out, false, false
 	}
+	// A call that would rotate the entry takes the locked path: dropExpired
+	// and makeRoom judge an entry expired without its lock, under the
+	// shard's write lock, which only the shard's read lock excludes.
+	// Rotated here, an entry found expired there would leave the table
+	// with the hit just counted (the next call then starts from 0).
+	for w := range t.n {
+		if mask&(1<<w) != 0 {
+			if x, _ := t.windowOf(w, now); x > e.w[w].latest.Load() {
+				e.mu.Unlock()
+				return out, false, false
+			}
+		}
+	}
 	e.markUsed()
 	out, ok = t.addWindowsLocked(e, now, mask, v, peek), true
 	if judge != nil {

@@ -305,8 +305,9 @@ func (s *shard) find(key string, h uint64) *entry {
 	return nil
 }
 
-// insert adds a new entry for key (copied). The caller holds s.mu for writing.
-func (t *Table) insert(s *shard, key string, h uint64, now int64) *entry {
+// insert adds a new entry for key (copied), with flags set before it is
+// published. The caller holds s.mu for writing.
+func (t *Table) insert(s *shard, key string, h uint64, now int64, flags uint32) *entry {
 	if s.count >= s.cap {
 		t.makeRoom(s, now)
 	}
@@ -322,6 +323,7 @@ func (t *Table) insert(s *shard, key string, h uint64, now int64) *entry {
 		}
 	}
 	e := newEntry(key)
+	e.flags.Store(flags)
 	if t.sealed.Load() {
 		// Seal has dropped (or is dropping) the entries a lean call may
 		// count in without the lock; one created after it is not for them
