@@ -141,13 +141,9 @@ func (t *Table) AddWindowsOpen(key string, now int64, mask uint8, v [2]int64, pe
 		s.unlock(excl)
 		return out, false, true, false
 	}
-	out, ok = t.addWindows(e, now, mask, v, peek), true
-	if judge != nil {
-		if ok = judge(out); !ok && !peek {
-			t.takeBack(e, mask, [2]int64{out[0].Start, out[1].Start}, v)
-			out = t.addWindows(e, now, mask, [2]int64{}, true)
-		}
-	}
+	e.mu.Lock()
+	out, ok = t.countJudged(e, now, mask, v, peek, judge)
+	e.mu.Unlock()
 	t.touch(s, e)
 	s.unlock(excl)
 	return out, ok, true, true

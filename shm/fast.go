@@ -157,14 +157,24 @@ func (t *Table) addWindowsFast(key string, now int64, mask uint8, v [2]int64, pe
 		}
 	}
 	e.markUsed()
-	out, ok = t.addWindowsLocked(e, now, mask, v, peek), true
-	if judge != nil {
-		if ok = judge(out); !ok && !peek {
-			t.takeBackLocked(e, mask, [2]int64{out[0].Start, out[1].Start}, v)
-			out = t.addWindowsLocked(e, now, mask, [2]int64{}, true)
-		}
-	}
+	out, ok = t.countJudged(e, now, mask, v, peek, judge)
 	e.mu.Unlock()
 	t.touch(s, e)
 	return out, ok, true
+}
+
+// countJudged is the body of AddWindowsOpen on e, whose lock the caller
+// holds: it counts v (none with peek) and judges the views; when judge
+// rejects a count, it takes v back from the windows counted in and returns
+// the views after. A nil judge admits.
+func (t *Table) countJudged(e *entry, now int64, mask uint8, v [2]int64, peek bool, judge func([2]View) bool) (out [2]View, ok bool) {
+	out = t.addWindowsLocked(e, now, mask, v, peek)
+	if judge == nil {
+		return out, true
+	}
+	if ok = judge(out); !ok && !peek {
+		t.takeBackLocked(e, mask, [2]int64{out[0].Start, out[1].Start}, v)
+		out = t.addWindowsLocked(e, now, mask, [2]int64{}, true)
+	}
+	return out, ok
 }
