@@ -110,6 +110,18 @@ func (s *slot) add(v int64) {
 	}
 }
 
+// addView is add followed by view, for a caller that holds the entry's
+// lock (no retirement can swap poison in): the addition's result stands
+// for view's first load of local.
+func (s *slot) addView(v int64) int64 {
+	n := s.local.Add(v)
+	if n > maxLocal || n < -maxLocal {
+		s.clamp()
+		n = min(max(n, -maxLocal), maxLocal)
+	}
+	return s.viewFrom(n)
+}
+
 // clamp brings a local count that went past ±maxLocal back to the bound.
 // It leaves a poisoned count alone: clamping it would revive a retired
 // window.
