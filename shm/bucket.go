@@ -247,7 +247,20 @@ func (b *Buckets) lookup(key string) *bucket {
 }
 
 // Holds reports whether the table holds a bucket for key.
-func (b *Buckets) Holds(key string) bool { return b.lookup(key) != nil }
+//
+// A tracked bucket is held once it has learned the store's state (a cold
+// read, a sync's read or push): one that a Refund made, or a decision whose
+// cold read failed, holds this node's spends but not the cluster's, so the
+// key is still cold.
+func (b *Buckets) Holds(key string) bool {
+	bk := b.lookup(key)
+	if bk == nil || !b.track {
+		return bk != nil
+	}
+	bk.mu.Lock()
+	defer bk.mu.Unlock()
+	return bk.ext.learned
+}
 
 // testHookFound, when set (by tests), runs between finding a bucket or log
 // and locking it: where a concurrent eviction may remove it.
@@ -435,9 +448,13 @@ func (b *Buckets) Seal() { b.sealed.Store(true) }
 
 // TryOpen is Try that spends nothing and returns open false once the table
 // is sealed. Without create it does nothing for a key the table does not
-// hold, and returns held false: one lookup, where Holds then Try take two.
+// hold (in Holds's sense), and returns held false: one lookup, where Holds then Try take two.
 func (b *Buckets) TryOpen(key string, now int64, interval float64, burst, cost int64, mode TryMode, create bool) (tat float64, fits, spent, held, open bool) {
 	bk := b.locked(key, now, create)
+	if bk != nil && !create && b.track && !bk.ext.learned {
+		bk.mu.Unlock() // not held in Holds's sense: the key is cold
+		bk = nil
+	}
 	if bk == nil {
 		return 0, false, false, false, !b.sealed.Load()
 	}

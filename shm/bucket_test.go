@@ -37,7 +37,7 @@ func TestBucketsModel(t *testing.T) {
 			for step := range 60_000 {
 				now += rng.Int64N(5)
 				key := keys[rng.IntN(len(keys))]
-				if !b.Holds(key) {
+				if b.lookup(key) == nil {
 					delete(model, key) // evicted, or never held: a full bucket
 					delete(intervals, key)
 				}

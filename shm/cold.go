@@ -41,15 +41,22 @@ func (t *Table) LoadCold(key string, now int64, mask uint8, counts [2][2]int64) 
 			continue
 		}
 		size := t.sizeMS[w]
-		x, _ := t.window(e, w, now)
-		if x != windowStart(now, size) {
-			continue // the entry already moved past now's window: the read is stale
-		}
+		t.window(e, w, now)
+		x := windowStart(now, size)
+		// The entry may have moved past now's window since the read was
+		// sent: the read's windows it still holds take their totals.
 		p := &e.w[w]
 		e.mu.Lock()
 		for i, start := range [2]int64{x, x - size} {
 			if sl, ok := p.held(start, size); ok {
-				sl.synced.CompareAndSwap(unknown, counts[w][i])
+				n := counts[w][i]
+				if l := sl.local.Load(); l < 0 && !t.wt && t.unsettled(counterRef{e: e, w: uint8(w), start: start}) {
+					// A take-back in a push not settled yet may be in the
+					// total read already, and local holds it until the
+					// settle: count it once at most, never twice.
+					n -= l
+				}
+				sl.synced.CompareAndSwap(unknown, n)
 			}
 		}
 		e.mu.Unlock()
@@ -147,4 +154,28 @@ func (t *Table) AddWindowsOpen(key string, now int64, mask uint8, v [2]int64, pe
 	t.touch(s, e)
 	s.unlock(excl)
 	return out, ok, true, true
+}
+
+// KeepCold marks key's entry unread: a decision whose cold read failed (or
+// was not waited for) made it without the store's totals, so the next
+// decision must still read them (see Holds). A LoadCold that landed in
+// between costs one more read, whose totals it does not apply twice.
+func (t *Table) KeepCold(key string) {
+	if s, e := t.lookup(key); e != nil {
+		if e.flags.Load()&flagUnread == 0 {
+			e.flags.Or(flagUnread)
+		}
+		s.mu.RUnlock()
+	}
+}
+
+// AddUnread is Add for a correction that is not a decision (Refund): an
+// entry it makes is unread, as a take-back's is, so the key stays cold
+// until LoadCold reads its totals (see Holds).
+func (t *Table) AddUnread(key string, w int, now, v int64) {
+	s, e, excl := t.lockTakeBack(key, now)
+	_, par := t.window(e, w, now)
+	e.w[w].slot[par].add(v)
+	t.touch(s, e)
+	s.unlock(excl)
 }
