@@ -87,7 +87,7 @@ func (ns *Namespace) applyWarm(ctx context.Context, t *shm.Table, i int, key str
 		return views[i%2], now
 	}
 	tis := [1]int{i / 2}
-	ns.cold.warm(ctx, key, tis[:])
+	degraded := ns.cold.warm(ctx, key, tis[:])
 	now = ns.now() // the read may have waited
 	var v shm.View
 	if peek {
@@ -96,6 +96,9 @@ func (ns *Namespace) applyWarm(ctx context.Context, t *shm.Table, i int, key str
 		v = t.Add(key, i%2, now, value)
 	}
 	t.Unref(key) // seen once, as without the cold read
+	if degraded {
+		t.KeepCold(key)
+	}
 	return v, now
 }
 
@@ -164,14 +167,12 @@ func (ns *Namespace) warmBuckets(ctx context.Context, key string, st []lstate) (
 // (apart, so that a decision on held keys allocates nothing).
 func (ns *Namespace) readBuckets(ctx context.Context, key string, st []lstate) (degraded bool) {
 	var ids [maxInlineLimits]strategy.BucketID
-	var owners [maxInlineLimits]int
+	var ownerBuf [maxInlineLimits]int
+	owners := ownerBuf[:0]
 	b := strategy.Batch{Namespace: ns.name, BucketReads: ids[:0]}
 	for j := range st {
 		if s := &st[j]; s.owner == j && s.kind == kindBucket && !s.bt.Holds(key) {
-			if len(b.BucketReads) == len(ids) {
-				break
-			}
-			owners[len(b.BucketReads)] = j
+			owners = append(owners, j) // past maxInlineLimits, both grow
 			b.BucketReads = append(b.BucketReads, strategy.BucketID{Key: key, Period: ns.cfg.WindowSizes[s.idx]})
 		}
 	}
@@ -186,8 +187,12 @@ func (ns *Namespace) readBuckets(ctx context.Context, key string, st []lstate) (
 	stop()
 	cancel()
 	if err != nil || len(res.BucketReads) != len(b.BucketReads) {
+		if ctx.Err() == nil {
+			ns.cold.down.Store(true) // as a failed window read: later cold keys do not wait
+		}
 		return true
 	}
+	ns.cold.down.Store(false)
 	for k, st0 := range res.BucketReads {
 		s := &st[owners[k]]
 		s.bt.LearnCold(key, now, st0)
@@ -435,4 +440,14 @@ func (c *coldReader) read(ctx context.Context, b *coldBatch, parent context.Cont
 		t.LoadCold(k.key, now, uint8(1)<<len(t.Sizes())-1, counts[j])
 	}
 	c.down.Store(false)
+}
+
+// keepCold marks key unread in the window tables of st after a decision
+// whose cold read failed.
+func keepCold(key string, st []lstate) {
+	for j := range st {
+		if st[j].owner == j && st[j].kind == kindWindow {
+			st[j].t.KeepCold(key)
+		}
+	}
 }

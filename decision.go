@@ -223,7 +223,11 @@ func (ns *Namespace) Refund(ctx context.Context, key string, cost int64, limits 
 		}
 		switch s.kind {
 		case kindWindow:
-			s.t.Add(key, s.w, now, -cost)
+			if ns.cold != nil {
+				s.t.AddUnread(key, s.w, now, -cost) // a key not held stays cold
+			} else {
+				s.t.Add(key, s.w, now, -cost)
+			}
 		case kindBucket:
 			s.bt.Refund(key, now, s.interval, cost)
 		case kindLog:
@@ -322,6 +326,9 @@ func (ns *Namespace) decideIn(ctx context.Context, d *Decision, key string, cost
 	}
 	if cold {
 		unrefLimits(key, st)
+		if degraded {
+			keepCold(key, st) // no totals read: the next decision reads them
+		}
 	}
 	bind := decision(d, st, limits, now, cost, ok, count)
 	d.Degraded = degraded || ns.storeDown.Load() // the cluster's counts are stale while the store fails

@@ -403,6 +403,9 @@ func (ns *Namespace) runCycle(ctx context.Context, reads, early bool) error {
 	ns.unlockSync()
 	ns.stats.recordSync(start, err)
 	ns.storeDown.Store(err != nil)
+	if err == nil && ns.cold != nil {
+		ns.cold.down.Store(false) // the store answers again (a bucket-only namespace sends no window probe)
+	}
 	return err
 }
 
