@@ -32,6 +32,10 @@ const (
 	// hold the correction; the store's totals were never read into it, so
 	// the key still counts as cold until LoadCold (see Holds).
 	flagUnread
+	// flagReread: a cold read loaded totals that may predate a change a
+	// watch skipped (the key was not held then): the next Collect reads the
+	// entry's windows again (see LoadColdSince).
+	flagReread
 )
 
 // poison is what a window's local count becomes when its entry leaves the
@@ -70,6 +74,23 @@ func (e *entry) markDiff(cycle uint32, bit uint32) {
 		if n == f || e.flags.CompareAndSwap(f, n) {
 			return
 		}
+	}
+}
+
+// clearMarks removes every entry's diff marks (see Table.Watches).
+func (t *Table) clearMarks() {
+	for i := range t.shards {
+		s := &t.shards[i]
+		s.mu.RLock()
+		s.each(func(e *entry) {
+			for {
+				f := e.flags.Load()
+				if f&markBits == 0 || e.flags.CompareAndSwap(f, f&^markBits) {
+					return
+				}
+			}
+		})
+		s.mu.RUnlock()
 	}
 }
 

@@ -35,6 +35,12 @@ func (t *Table) Watches(now int64, dst []strategy.Watch) []strategy.Watch {
 		return dst
 	}
 	t.cycle = (t.cycle + 1) & (1<<(32-cycleShift) - 1) // a new cycle: see markDiff
+	if t.cycle == 0 {
+		// The cycle numbers start over: no entry may keep a mark of a
+		// cycle numbered as one to come (an idle key held 2^20 cycles
+		// would have its full read skipped).
+		t.clearMarks()
+	}
 	// After a cycle whose watches overflowed (high churn), this pass (which
 	// Watches begins) reads every watched window in full, as the protocol
 	// before change logs did, and the watches go along to tell when churn
@@ -97,15 +103,23 @@ func (t *Table) LoadChanges(w strategy.Watch, ch strategy.Changes, now int64) {
 		t.cursors[k] = ch.Cursor
 	}
 	if ch.Overflow {
+		t.skipped.Add(1) // a full read skips keys not held yet
 		t.overflowed = true
 		if !t.passFull[k] { // this pass does not read the window in full already
 			t.fullRead[k] = true
 		}
 		return
 	}
+	skipped := false
+	defer func() {
+		if skipped {
+			t.skipped.Add(1)
+		}
+	}()
 	for _, c := range ch.Counters {
 		s, e := t.lookup(c.Key)
 		if e == nil {
+			skipped = true
 			continue
 		}
 		ref := counterRef{e: e, w: uint8(wi), start: w.Start}
