@@ -404,6 +404,14 @@ func (c *coldReader) read(ctx context.Context, b *coldBatch, parent context.Cont
 			index[k] = j
 		}
 	}
+	// The watch answers that skipped keys not held, before the read: a
+	// later one may skip this read's key after it changed (see
+	// shm.Table.LoadColdSince).
+	var seqBuf [4]uint64
+	seqs := seqBuf[:0]
+	for _, ti := range tables {
+		seqs = append(seqs, ns.tables[ti].SkipSeq())
+	}
 	for cnt, err := range ns.store.GetCounters(ctx, q) {
 		if err != nil {
 			b.err = fmt.Errorf("%w: cold read: %w", ErrStoreUnavailable, err)
@@ -437,7 +445,7 @@ func (c *coldReader) read(ctx context.Context, b *coldBatch, parent context.Cont
 	}
 	for j, k := range b.keys {
 		t := ns.tables[k.ti]
-		t.LoadCold(k.key, now, uint8(1)<<len(t.Sizes())-1, counts[j])
+		t.LoadColdSince(k.key, now, uint8(1)<<len(t.Sizes())-1, counts[j], seqs[slices.Index(tables, k.ti)])
 	}
 	c.down.Store(false)
 }

@@ -31,7 +31,36 @@ func (t *Table) Holds(key string) bool {
 // read was in flight are local and unconfirmed, so the view (synced + local) counts
 // them once, on top of the store's total.
 func (t *Table) LoadCold(key string, now int64, mask uint8, counts [2][2]int64) {
+	t.LoadColdSince(key, now, mask, counts, t.SkipSeq())
+}
+
+// readingAhead reports whether now is within the read-ahead of the end of a
+// window of some size of the table.
+func (t *Table) readingAhead(now int64) bool {
+	for w := range t.n {
+		size := t.sizeMS[w]
+		if t.readAhead > 0 && now >= windowStart(now, size)+size-t.readAhead {
+			return true
+		}
+	}
+	return false
+}
+
+// SkipSeq returns the number of watch answers so far that skipped a key
+// this table did not hold: a cold read takes it before it reads the store.
+func (t *Table) SkipSeq() uint64 { return t.skipped.Load() }
+
+// LoadColdSince is LoadCold for a read sent when SkipSeq was seq. When a
+// watch answer skipped a key not held since, that may have been this key's
+// change after the read: the watch's cursor moved past it, so no later
+// answer lists it again. The next Collect then reads the entry's windows.
+func (t *Table) LoadColdSince(key string, now int64, mask uint8, counts [2][2]int64, seq uint64) {
 	s, e, excl := t.lock(key, now)
+	if t.watch && (t.skipped.Load() != seq || t.readingAhead(now)) {
+		// Near a window's end the watches skipped the key's next window
+		// too, which a cold read does not read: read it once.
+		e.flags.Or(flagReread)
+	}
 	defer s.unlock(excl)
 	// Spare the entry from the next lap of the eviction hand: the decision
 	// that waited for this read is about to use it (and then Unref it).

@@ -434,6 +434,9 @@ func (t *Table) collectEntry(e *entry, c *collector) (expired bool) {
 		t.collectSlot(e, c, w, lat, &p.slot[par0], true)
 		t.collectSlot(e, c, w, lat-size, &p.slot[par1], false)
 	}
+	if c.reads && e.flags.Load()&flagReread != 0 {
+		e.flags.And(^flagReread) // read (or diffed) in this push
+	}
 	e.mu.Unlock()
 	return expired
 }
@@ -461,13 +464,19 @@ func (t *Table) collectSlot(e *entry, c *collector, w int, x int64, s *slot, new
 		// window whose total this node never learned, and a full read's
 		// (but for the windows this cycle pushed a diff of: their totals
 		// came back with it, after the cursor).
-		if (t.fullReading(w, x) && !e.diffed(t.cycle, bit)) || (s.synced.Load() == unknown && t.worthReading(x, c.now, cur, size, s)) {
+		// And a window a cold read loaded from before a change a watch
+		// skipped (flagReread).
+		if (t.fullReading(w, x) && !e.diffed(t.cycle, bit)) ||
+			((s.synced.Load() == unknown || e.flags.Load()&flagReread != 0) && t.worthReading(x, c.now, cur, size, s)) {
 			t.addRead(c.b, ref, e.key())
 		}
 	case t.worthReading(x, c.now, cur, size, s):
 		t.addRead(c.b, ref, e.key())
 	}
-	if c.reads && t.readAhead > 0 && newest && x >= cur && c.now >= x+size-t.readAhead && (!t.watch || t.fullReading(w, x+size)) {
+	if c.reads && t.readAhead > 0 && newest && x >= cur && c.now >= x+size-t.readAhead &&
+		(!t.watch || t.fullReading(w, x+size) || e.flags.Load()&flagReread != 0 || s.synced.Load() == unknown) {
+		// (Under watches: a full read's, and a key new here, whose next
+		// window the watches may have listed before it was held.)
 		// The window after the newest held: hits there mean other
 		// nodes' clocks are ahead of this one's.
 		t.addRead(c.b, counterRef{e: e, w: uint8(w), start: x + size}, e.key())

@@ -116,14 +116,19 @@ type Table struct {
 	// overflowed is set when a watch of the last cycle overflowed: the next
 	// cycle reads every watched window in full (see Watches).
 	overflowed bool
-	pressure   func()
-	maxRet     int // retired records beyond which pressure is called
-	retCap     int // retired records beyond which retire sheds some (see shed)
-	shedAt     int // retCap, or more while a push holds records shed keeps (guarded by retMu)
-	seed       maphash.Seed
-	shards     []shard
-	mask       uint64
-	cursor     int // the next shard CollectSome visits
+	// skipped counts the watch answers that listed a key this table did
+	// not hold (or overflowed): a cold read sent before one of them may
+	// hold a total from before a change the watch has moved past (see
+	// LoadColdSince).
+	skipped  atomic.Uint64
+	pressure func()
+	maxRet   int // retired records beyond which pressure is called
+	retCap   int // retired records beyond which retire sheds some (see shed)
+	shedAt   int // retCap, or more while a push holds records shed keeps (guarded by retMu)
+	seed     maphash.Seed
+	shards   []shard
+	mask     uint64
+	cursor   int // the next shard CollectSome visits
 	// passRetired counts the diffs the pass under way took from retired
 	// records (see PassShare)
 	passRetired int
