@@ -173,7 +173,7 @@ func TestWatchColdKeyFollowsNodesAhead(t *testing.T) {
 			var mem strategy.Strategy = memory.New()
 			if tc.redis {
 				client := testRedisClient(t)
-				st, err := rlredis.New(client, rlredis.Options{KeyPrefix: fmt.Sprintf("revwatch%d", time.Now().UnixNano()), Shards: 4})
+				st, err := rlredis.New(client, rlredis.Options{KeyPrefix: fmt.Sprintf("watchcold%d", time.Now().UnixNano()), Shards: 4})
 				require.NoError(t, err)
 				mem = st
 			} else {
@@ -185,35 +185,11 @@ func TestWatchColdKeyFollowsNodesAhead(t *testing.T) {
 			}
 			behind := newDecClock(decEpoch.Add(57 * time.Second))
 			ahead := newDecClock(decEpoch.Add(61 * time.Second))
-			ctx := context.Background()
 			slow := newDecNSOn(t, "async", behind, slowStore, time.Minute)
 			fast := newDecNSOn(t, "async", ahead, mem, time.Minute)
-			lim := ratelimit.Limit{Window: time.Minute, Max: 10, Algorithm: ratelimit.FixedWindow}
 
-			_, err := slow.Increment(ctx, "other", time.Minute, 1) // slow holds something
-			require.NoError(t, err)
-			require.NoError(t, slow.Sync(ctx))
-			for range 10 {
-				d, err := fast.Allow(ctx, "k", 1, lim)
-				require.NoError(t, err)
-				require.True(t, d.Allowed)
-			}
-			require.NoError(t, fast.Sync(ctx))
-			require.NoError(t, slow.Sync(ctx)) // lists "k" in the next minute: not held
-
-			admitted := 0
-			for i := range 10 {
-				d, err := slow.Allow(ctx, "k", 1, lim)
-				require.NoError(t, err)
-				if d.Allowed {
-					admitted++
-				}
-				if i < 3 {
-					require.NoError(t, slow.Sync(ctx))
-				}
-				behind.Advance(100 * time.Millisecond)
-			}
-			require.NoError(t, slow.Sync(ctx))
+			admitted := followAhead(t, slow, fast, behind)
+			require.NoError(t, slow.Sync(context.Background()))
 			t.Logf("%s: fast admitted 10 in the next minute; slow then admitted %d", tc.name, admitted)
 			require.LessOrEqual(t, admitted, 1, "slow admitted %d after fast spent the limit in the minute slow follows (only the cold request, before any cycle, may pass)", admitted)
 		})
@@ -267,40 +243,50 @@ func TestWatchNewKeyFollowsNodesAheadColdReadOff(t *testing.T) {
 			}
 			behind := newDecClock(decEpoch.Add(57 * time.Second))
 			ahead := newDecClock(decEpoch.Add(61 * time.Second))
-			ctx := context.Background()
 			reg := ratelimit.NewRegistry()
 			slow, err := reg.New(ratelimit.Config{WindowSizes: []time.Duration{time.Minute}, Clock: behind.Now, Strategy: slowStore,
 				SyncTimeout: 30 * time.Second, SyncRate: time.Hour, ColdRead: ratelimit.ColdReadOff})
 			require.NoError(t, err)
 			t.Cleanup(func() { require.NoError(t, reg.Close(context.Background())) })
 			fast := newDecNSOn(t, "async", ahead, mem, time.Minute)
-			lim := ratelimit.Limit{Window: time.Minute, Max: 10, Algorithm: ratelimit.FixedWindow}
-
-			_, err = slow.Increment(ctx, "other", time.Minute, 1)
-			require.NoError(t, err)
-			require.NoError(t, slow.Sync(ctx))
-			for range 10 {
-				d, err := fast.Allow(ctx, "k", 1, lim)
-				require.NoError(t, err)
-				require.True(t, d.Allowed)
-			}
-			require.NoError(t, fast.Sync(ctx))
-			require.NoError(t, slow.Sync(ctx)) // lists "k" in the next minute: not held
-
-			admitted := 0
-			for i := range 10 {
-				d, err := slow.Allow(ctx, "k", 1, lim)
-				require.NoError(t, err)
-				if d.Allowed {
-					admitted++
-				}
-				if i < 3 {
-					require.NoError(t, slow.Sync(ctx))
-				}
-				behind.Advance(100 * time.Millisecond)
-			}
+			admitted := followAhead(t, slow, fast, behind)
 			t.Logf("watch=%v: slow admitted %d after fast spent the limit", watch, admitted)
 			require.LessOrEqual(t, admitted, 1, "slow admitted %d", admitted)
 		})
 	}
+}
+
+// followAhead runs the scenario of TestWatchColdKeyFollowsNodesAhead: slow
+// holds another key and syncs; fast, a minute boundary ahead, spends a fixed
+// limit of 10 a minute on "k" and syncs; slow's next cycle lists "k" in the
+// next minute while slow does not hold it. Then slow asks for "k" ten times,
+// 100 ms apart, syncing after each of the first three. It returns how many
+// slow admitted.
+func followAhead(t *testing.T, slow, fast *ratelimit.Namespace, behind *decClock) int {
+	t.Helper()
+	ctx := context.Background()
+	lim := ratelimit.Limit{Window: time.Minute, Max: 10, Algorithm: ratelimit.FixedWindow}
+	_, err := slow.Increment(ctx, "other", time.Minute, 1) // slow holds something
+	require.NoError(t, err)
+	require.NoError(t, slow.Sync(ctx))
+	for range 10 {
+		d, err := fast.Allow(ctx, "k", 1, lim)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	require.NoError(t, fast.Sync(ctx))
+	require.NoError(t, slow.Sync(ctx)) // lists "k" in the next minute: not held
+	admitted := 0
+	for i := range 10 {
+		d, err := slow.Allow(ctx, "k", 1, lim)
+		require.NoError(t, err)
+		if d.Allowed {
+			admitted++
+		}
+		if i < 3 {
+			require.NoError(t, slow.Sync(ctx))
+		}
+		behind.Advance(100 * time.Millisecond)
+	}
+	return admitted
 }
