@@ -19,27 +19,14 @@ func (t *Table) Holds(key string) bool {
 	return held
 }
 
-// LoadCold records what the store reported, at now, for a key this node did
-// not hold: counts[w] is the total of the current window (index 0) and of the
-// previous one (index 1) of size index w, for each w whose bit is set in mask.
-// It creates the entry when missing, marked used, and moves it to now's
-// window.
-//
-// A window's synced count is set only while it is still unknown: a sync that
-// settled a push of this key meanwhile learned a total at least as recent,
-// and the hits it confirmed left local against it. Hits counted while the
-// read was in flight are local and unconfirmed, so the view (synced + local) counts
-// them once, on top of the store's total.
-func (t *Table) LoadCold(key string, now int64, mask uint8, counts [2][2]int64) {
-	t.LoadColdSince(key, now, mask, counts, t.SkipSeq())
-}
-
 // readingAhead reports whether now is within the read-ahead of the end of a
 // window of some size of the table.
 func (t *Table) readingAhead(now int64) bool {
+	if t.readAhead <= 0 {
+		return false
+	}
 	for w := range t.n {
-		size := t.sizeMS[w]
-		if t.readAhead > 0 && now >= windowStart(now, size)+size-t.readAhead {
+		if size := t.sizeMS[w]; now >= windowStart(now, size)+size-t.readAhead {
 			return true
 		}
 	}
@@ -50,10 +37,22 @@ func (t *Table) readingAhead(now int64) bool {
 // this table did not hold: a cold read takes it before it reads the store.
 func (t *Table) SkipSeq() uint64 { return t.skipped.Load() }
 
-// LoadColdSince is LoadCold for a read sent when SkipSeq was seq. When a
-// watch answer skipped a key not held since, that may have been this key's
-// change after the read: the watch's cursor moved past it, so no later
-// answer lists it again. The next Collect then reads the entry's windows.
+// LoadColdSince records what the store reported, at now, for a key this
+// node did not hold, read when SkipSeq was seq: counts[w] is the total of
+// the current window (index 0) and of the previous one (index 1) of size
+// index w, for each w whose bit is set in mask. It creates the entry when
+// missing, marked used, and moves it to now's window.
+//
+// A window's synced count is set only while it is still unknown: a sync that
+// settled a push of this key meanwhile learned a total at least as recent,
+// and the hits it confirmed left local against it. Hits counted while the
+// read was in flight are local and unconfirmed, so the view (synced + local)
+// counts them once, on top of the store's total.
+//
+// When a watch answer skipped a key not held since seq, that may have been
+// this key's change after the read: the watch's cursor moved past it, so no
+// later answer lists it again. The next Collect then reads the entry's
+// windows.
 func (t *Table) LoadColdSince(key string, now int64, mask uint8, counts [2][2]int64, seq uint64) {
 	s, e, excl := t.lock(key, now)
 	if t.watch && (t.skipped.Load() != seq || t.readingAhead(now)) {

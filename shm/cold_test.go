@@ -79,3 +79,8 @@ func TestLoadCold(t *testing.T) {
 	tb.LoadCold("d", now, 1, [2][2]int64{{50, 0}})
 	require.Equal(t, int64(1), tb.Peek("d", 0, later).Cur)
 }
+
+// LoadCold is LoadColdSince for a read that no watch answer raced.
+func (t *Table) LoadCold(key string, now int64, mask uint8, counts [2][2]int64) {
+	t.LoadColdSince(key, now, mask, counts, t.SkipSeq())
+}

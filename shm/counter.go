@@ -290,7 +290,7 @@ func (t *Table) TakeBackPending(key string, w int, now, start, v int64, b *Batch
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if start > e.w[w].latest.Load() {
-		e.rotate(t, w, start) // re-created since the count (see takeBack)
+		e.rotate(t, w, start) // re-created since the count (see takeBackLocked)
 	}
 	ref := counterRef{e: e, w: uint8(w), start: start}
 	sl, ok := e.w[w].held(start, t.sizeMS[w])
@@ -313,9 +313,10 @@ func (t *Table) AddWindows(key string, now int64, mask uint8, v [2]int64, peek b
 	return out
 }
 
-// addWindows is AddWindows on the entry e, with its shard locked.
+// addWindowsLocked is AddWindows on the entry e, with its shard locked and
+// e.mu held by the caller.
 //
-// It holds e.mu throughout, so that no rotation comes between finding a
+// The caller holds e.mu throughout, so that no rotation comes between finding a
 // window, counting in it and reading the views a caller judges: a call at a
 // later instant rotating the entry by two windows in between made the count
 // land in the slot reused for the newer window while the view read the
@@ -324,14 +325,6 @@ func (t *Table) AddWindows(key string, now int64, mask uint8, v [2]int64, peek b
 // by review: a fixed limit of 4 a second admitted 5, a sliding limit of 2
 // admitted a load of 3). Lock-free additions (addOpenFast) never rotate, and
 // may still land beside it.
-func (t *Table) addWindows(e *entry, now int64, mask uint8, v [2]int64, peek bool) [2]View {
-	e.mu.Lock()
-	out := t.addWindowsLocked(e, now, mask, v, peek)
-	e.mu.Unlock()
-	return out
-}
-
-// addWindowsLocked is addWindows for a caller that holds e.mu.
 func (t *Table) addWindowsLocked(e *entry, now int64, mask uint8, v [2]int64, peek bool) [2]View {
 	var out [2]View
 	var pars [2]int
@@ -366,29 +359,23 @@ func (t *Table) addWindowsLocked(e *entry, now int64, mask uint8, v [2]int64, pe
 // rejected hit would stay in its window, and the next would start below
 // zero and admit one more (found by review: 9 admitted across two seconds
 // under a fixed limit of 4 a second). TakeBack finds the window by its
-// start instead (see takeBack).
+// start instead (see takeBackLocked).
 func (t *Table) TakeBack(key string, now int64, mask uint8, starts, v [2]int64) [2]View {
 	s, e, excl := t.lockTakeBack(key, now)
-	t.takeBack(e, mask, starts, v)
-	out := t.addWindows(e, now, mask, [2]int64{}, true)
+	e.mu.Lock()
+	out := t.takeBackViews(e, now, mask, starts, v)
+	e.mu.Unlock()
 	t.touch(s, e)
 	s.unlock(excl)
 	return out
 }
 
-// takeBack takes v[w] back from e's window of size index w starting at
+// takeBackLocked takes v[w] back from e's window of size index w starting at
 // starts[w], for each w in mask, under e's lock so that no rotation comes
 // between finding the window and taking from it. A window the entry no
 // longer holds (rotated out since: the call stalled for a whole window)
 // had the count retired with it, so it is taken from the retired record.
-// The caller holds e's shard's lock.
-func (t *Table) takeBack(e *entry, mask uint8, starts, v [2]int64) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	t.takeBackLocked(e, mask, starts, v)
-}
-
-// takeBackLocked is takeBack for a caller that holds e.mu.
+// The caller holds e's shard's lock and e.mu.
 func (t *Table) takeBackLocked(e *entry, mask uint8, starts, v [2]int64) {
 	for w := range t.n {
 		if mask&(1<<w) == 0 || v[w] == 0 {

@@ -181,7 +181,7 @@ func (t *Table) addWindowsFast(key string, now int64, mask uint8, v [2]int64, pe
 	}
 	ok = judge == nil || judge(out)
 	if !ok && !peek {
-		out = t.takeBackViews(e, now, mask, v, out)
+		out = t.takeBackViews(e, now, mask, [2]int64{out[0].Start, out[1].Start}, v)
 	}
 	e.mu.Unlock()
 	t.touch(s, e)
@@ -195,15 +195,15 @@ func (t *Table) countJudged(e *entry, now int64, mask uint8, v [2]int64, peek bo
 	out = t.addWindowsLocked(e, now, mask, v, peek)
 	ok = judge == nil || judge(out)
 	if !ok && !peek {
-		out = t.takeBackViews(e, now, mask, v, out)
+		out = t.takeBackViews(e, now, mask, [2]int64{out[0].Start, out[1].Start}, v)
 	}
 	return out, ok
 }
 
 // takeBackViews takes a rejected count of v back from the windows it was
-// counted in (out's starts) on e, whose lock the caller holds, and returns
+// counted in (their starts) on e, whose lock the caller holds, and returns
 // the views after.
-func (t *Table) takeBackViews(e *entry, now int64, mask uint8, v [2]int64, out [2]View) [2]View {
-	t.takeBackLocked(e, mask, [2]int64{out[0].Start, out[1].Start}, v)
+func (t *Table) takeBackViews(e *entry, now int64, mask uint8, starts, v [2]int64) [2]View {
+	t.takeBackLocked(e, mask, starts, v)
 	return t.addWindowsLocked(e, now, mask, [2]int64{}, true)
 }
