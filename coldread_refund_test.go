@@ -26,14 +26,7 @@ func TestColdRefundLeavesKeyCold(t *testing.T) {
 	spend(t, a, "client", 5, lim) // the store holds 5
 	require.NoError(t, b.Refund(ctx, "client", 1, lim))
 	// The store's total after B's refund is 4: one more admission at most.
-	admitted := 0
-	for range 10 {
-		d, err := b.Allow(ctx, "client", 1, lim)
-		require.NoError(t, err)
-		if d.Allowed {
-			admitted++
-		}
-	}
+	admitted := allowed(t, b, "client", 10, lim)
 	require.LessOrEqual(t, admitted, 1, "B admitted %d after a refund of 1 under a limit of 5 the store shows spent", admitted)
 }
 
@@ -48,14 +41,7 @@ func TestColdBucketRefundLeavesKeyCold(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
 	require.NoError(t, b.Refund(ctx, "client", 1, lim))
-	admitted := 0
-	for range 10 {
-		d, err := b.Allow(ctx, "client", 1, lim)
-		require.NoError(t, err)
-		if d.Allowed {
-			admitted++
-		}
-	}
+	admitted := allowed(t, b, "client", 10, lim)
 	require.LessOrEqual(t, admitted, 1, "B admitted %d after a refund of 1 of a bucket of 5 the store shows empty", admitted)
 }
 
@@ -92,13 +78,6 @@ func TestColdCancelledCallerGivesFreshBudget(t *testing.T) {
 	store.cancel.Store(&cancel)
 	_, err := b.Allow(cctx, "client", 1, lim) // hangs up during the read
 	require.NoError(t, err)
-	admitted := 0
-	for range 10 {
-		d, err := b.Allow(ctx, "client", 1, lim)
-		require.NoError(t, err)
-		if d.Allowed {
-			admitted++
-		}
-	}
+	admitted := allowed(t, b, "client", 10, lim)
 	require.Zero(t, admitted, "B admitted %d requests of a client the store shows spent (store healthy)", admitted)
 }

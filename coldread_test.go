@@ -62,6 +62,21 @@ func spend(t *testing.T, ns *ratelimit.Namespace, key string, n int, lim ratelim
 	require.NoError(t, ns.Sync(ctx))
 }
 
+// allowed makes n Allows of key on ns under limits and returns how many
+// were admitted.
+func allowed(t *testing.T, ns *ratelimit.Namespace, key string, n int, limits ...ratelimit.Limit) int {
+	t.Helper()
+	admitted := 0
+	for range n {
+		d, err := ns.Allow(ctx, key, 1, limits...)
+		require.NoError(t, err)
+		if d.Allowed {
+			admitted++
+		}
+	}
+	return admitted
+}
+
 // The scenario: a client spends its 5 requests on node A, A syncs,
 // and the client reaches node B, which has never seen it. B reads the key
 // before judging it, and rejects.

@@ -129,14 +129,7 @@ func TestWatchColdReadRacingWatchLearnsChange(t *testing.T) {
 
 	d, err := a.Peek(ctx, "k", 1, lim)
 	require.NoError(t, err)
-	admitted := 0
-	for range 10 {
-		d, err := a.Allow(ctx, "k", 1, lim)
-		require.NoError(t, err)
-		if d.Allowed {
-			admitted++
-		}
-	}
+	admitted := allowed(t, a, "k", 10, lim)
 	require.NoError(t, a.Sync(ctx))
 	total, err = mem.GetWindow(ctx, a.Name(), strategy.CounterID{Key: "k", Size: time.Minute, Start: decEpoch.UnixMilli()})
 	require.NoError(t, err)
