@@ -234,11 +234,19 @@ func (s *Server) Restart() {
 }
 
 // Exec runs SQL statements on database db over a connection of its own.
+// The connection starts with no statement timeout, whatever a test set for
+// the database: a test that set 1 ms could otherwise see its own statements,
+// the one lifting the setting included, cancelled on a loaded machine.
 func (s *Server) Exec(db string, sql ...string) {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, s.DSN(db))
+	cfg, err := pgx.ParseConfig(s.DSN(db))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cfg.RuntimeParams["statement_timeout"] = "0"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		s.t.Fatal(err)
 	}
