@@ -31,6 +31,9 @@ type Batch struct {
 type run struct {
 	e            *entry
 	diffs, reads int
+	// reread: Collect cleared e's flagReread for this push's reads; a
+	// push the store refused (Release) sets it again.
+	reread bool
 }
 
 // extend adds the counter just appended for e to b's runs.
@@ -436,6 +439,9 @@ func (t *Table) collectEntry(e *entry, c *collector) (expired bool) {
 	}
 	if c.reads && e.flags.Load()&flagReread != 0 {
 		e.flags.And(^flagReread) // read (or diffed) in this push
+		if n := len(c.b.runs); n > 0 && c.b.runs[n-1].e == e {
+			c.b.runs[n-1].reread = true
+		}
 	}
 	e.mu.Unlock()
 	return expired
@@ -562,10 +568,18 @@ func (t *Table) setSynced(ref *counterRef, total int64) {
 }
 
 // Release settles a push of b that surely was not applied: its diffs are no
-// longer pending, and the next Collect takes them again, merged with newer hits.
+// longer pending, and the next Collect takes them again, merged with newer hits,
+// and reads again the entries a cold read marked (flagReread).
 func (t *Table) Release(b *Batch) {
 	defer t.settled(b)
 	t.settleFlags(b)
+	for _, run := range b.runs {
+		if run.reread && run.e.flags.Load()&flagDead == 0 {
+			// The reads were never answered: the next Collect reads again.
+			run.e.flags.Or(flagReread)
+			t.remark(run.e)
+		}
+	}
 	for i, ref := range b.diffRefs {
 		e := ref.e
 		e.mu.Lock()
