@@ -44,10 +44,20 @@ type coldReader struct {
 	down atomic.Bool
 }
 
-// coldKey is a key cold in one table (tables[ti]).
+// coldKey is a key cold in one table: the window table tables[ti], or
+// (bucket) the token buckets of the window size WindowSizes[ti].
 type coldKey struct {
-	key string
-	ti  int
+	key    string
+	ti     int
+	bucket bool
+}
+
+// holds reports whether the table of k holds k's key now.
+func (c *coldReader) holds(k coldKey) bool {
+	if k.bucket {
+		return c.ns.bucketTable(k.ti).Holds(k.key)
+	}
+	return c.ns.tables[k.ti].Holds(k.key)
 }
 
 // coldBatch is the keys of one read.
@@ -86,8 +96,8 @@ func (ns *Namespace) applyWarm(ctx context.Context, t *shm.Table, i int, key str
 	if ok {
 		return views[i%2], now
 	}
-	tis := [1]int{i / 2}
-	degraded := ns.cold.warm(ctx, key, tis[:])
+	keys := [1]coldKey{{key: key, ti: i / 2}}
+	degraded := ns.cold.warm(ctx, keys[:])
 	now = ns.now() // the read may have waited
 	var v shm.View
 	if peek {
@@ -146,79 +156,49 @@ func (ns *Namespace) decideWarm(ctx context.Context, key string, st []lstate, no
 		}
 		return cold, degraded, true
 	}
-	tis := [1]int{st[first].ti}
-	return true, ns.cold.warm(ctx, key, tis[:]) || degraded, false
+	keys := [1]coldKey{{key: key, ti: st[first].ti}}
+	return true, ns.cold.warm(ctx, keys[:]) || degraded, false
 }
 
 // warmBuckets reads, before a decision, the store's state of every token
-// bucket of st this node does not hold, in one round trip bounded by
-// SyncTimeout. It reports whether any was cold, and whether the read failed
-// or was not waited for (Degraded).
+// bucket of st this node does not hold, bounded by SyncTimeout and
+// coalesced with other callers' cold reads as a window's are. It reports
+// whether any was cold, and whether the read failed or was not waited for
+// (Degraded).
 func (ns *Namespace) warmBuckets(ctx context.Context, key string, st []lstate) (cold, degraded bool) {
+	var buf [maxInlineLimits]coldKey
+	keys := buf[:0]
 	for j := range st {
 		if s := &st[j]; s.owner == j && s.kind == kindBucket && !s.bt.Holds(key) {
-			return true, ns.readBuckets(ctx, key, st)
+			keys = append(keys, coldKey{key: key, ti: s.idx, bucket: true}) // past maxInlineLimits, it grows
 		}
 	}
-	return false, false
-}
-
-// readBuckets is warmBuckets's read, for a key cold in some bucket table
-// (apart, so that a decision on held keys allocates nothing).
-func (ns *Namespace) readBuckets(ctx context.Context, key string, st []lstate) (degraded bool) {
-	var ids [maxInlineLimits]strategy.BucketID
-	var ownerBuf [maxInlineLimits]int
-	owners := ownerBuf[:0]
-	b := strategy.Batch{Namespace: ns.name, BucketReads: ids[:0]}
-	for j := range st {
-		if s := &st[j]; s.owner == j && s.kind == kindBucket && !s.bt.Holds(key) {
-			owners = append(owners, j) // past maxInlineLimits, both grow
-			b.BucketReads = append(b.BucketReads, strategy.BucketID{Key: key, Period: ns.cfg.WindowSizes[s.idx]})
-		}
+	if len(keys) == 0 {
+		return false, false
 	}
-	if ns.cold.down.Load() || ns.storeDown.Load() {
-		return true // the store is failing: do not wait for it
-	}
-	now := ns.now()
-	b.ID, b.Now = ns.newBatchID(), now
-	rctx, cancel := context.WithTimeout(ctx, ns.cfg.SyncTimeout)
-	stop := context.AfterFunc(ns.closing, cancel) // Close ends the wait
-	res, err := ns.store.PushDiffs(rctx, &b)
-	stop()
-	cancel()
-	if err != nil || len(res.BucketReads) != len(b.BucketReads) {
-		if ctx.Err() == nil {
-			ns.cold.down.Store(true) // as a failed window read: later cold keys do not wait
-		}
-		return true
-	}
-	ns.cold.down.Store(false)
-	for k, st0 := range res.BucketReads {
-		s := &st[owners[k]]
-		s.bt.LearnCold(key, now, st0)
-	}
-	return false
+	return true, ns.cold.warm(ctx, keys)
 }
 
 // warmLimits reads key first in the tables of a decision's limits where it
 // is cold. It reports whether the key was cold in any, and whether the read
 // failed (Degraded).
 func (ns *Namespace) warmLimits(ctx context.Context, key string, st []lstate) (cold, degraded bool) {
-	var buf [maxInlineLimits]int
-	tis := buf[:0]
+	var buf [maxInlineLimits]coldKey
+	keys := buf[:0]
 	for j := range st {
 		s := &st[j]
-		if s.owner != j || s.kind != kindWindow || slices.Contains(tis, s.ti) {
+		k := coldKey{key: key, ti: s.ti}
+		if s.owner != j || s.kind != kindWindow || slices.Contains(keys, k) {
 			continue
 		}
 		if !s.t.Holds(key) {
-			tis = append(tis, s.ti)
+			keys = append(keys, k)
 		}
 	}
-	if len(tis) == 0 {
+	if len(keys) == 0 {
 		return false, false
 	}
-	return true, ns.cold.warm(ctx, key, tis)
+	return true, ns.cold.warm(ctx, keys)
 }
 
 // unrefLimits undoes, after the first decision on a cold key, the reference
@@ -239,24 +219,23 @@ func unrefLimits(key string, st []lstate) {
 	}
 }
 
-// warm reads key's totals for the tables tis, in which it is cold, and loads
-// them; it reports whether the decision must be made without them
-// (Degraded): the read failed, timed out, or was not waited for.
-func (c *coldReader) warm(ctx context.Context, key string, tis []int) (degraded bool) {
+// warm reads the store's state of keys (one key, cold in each of their
+// tables) and loads it; it reports whether the decision must be made
+// without it (Degraded): the read failed, timed out, or was not waited for.
+func (c *coldReader) warm(ctx context.Context, keys []coldKey) (degraded bool) {
 	down := c.down.Load() || c.ns.storeDown.Load()
 	var own *coldBatch // a read this caller sends itself
 	var buf [maxInlineLimits]*coldBatch
 	waits := buf[:0]
 	c.mu.Lock()
-	for _, ti := range tis {
-		k := coldKey{key, ti}
+	for _, k := range keys {
 		if b := c.queued[k]; b != nil {
 			if !slices.Contains(waits, b) {
 				waits = append(waits, b)
 			}
 			continue
 		}
-		if c.ns.tables[ti].Holds(key) {
+		if c.holds(k) {
 			continue // a read loaded it since the caller looked
 		}
 		var b *coldBatch
@@ -358,23 +337,78 @@ func (c *coldReader) settle(b *coldBatch) *coldBatch {
 	return next
 }
 
-// read makes one GetCounters call for b's keys and loads the totals into the
-// tables. parent is the context the caller's own cancellation comes from: a
-// read it cancelled says nothing about the store.
+// read reads b's keys from the store and loads what it found into the
+// tables: one GetCounters call for the window keys, one PushDiffs call
+// (bucket reads only) for the token buckets. parent is the context the
+// caller's own cancellation comes from: a read it cancelled says nothing
+// about the store.
 func (c *coldReader) read(ctx context.Context, b *coldBatch, parent context.Context) {
+	windows, buckets := b.keys, []coldKey(nil)
+	if slices.ContainsFunc(b.keys, func(k coldKey) bool { return k.bucket }) {
+		windows = nil
+		for _, k := range b.keys {
+			if k.bucket {
+				buckets = append(buckets, k)
+			} else {
+				windows = append(windows, k)
+			}
+		}
+	}
+	var err error
+	if len(windows) > 0 {
+		err = c.readWindows(ctx, b, windows)
+	}
+	if err == nil && len(buckets) > 0 {
+		err = c.readBuckets(ctx, buckets)
+	}
+	if err != nil {
+		b.err = fmt.Errorf("%w: cold read: %w", ErrStoreUnavailable, err)
+		if parent.Err() == nil {
+			c.down.Store(true)
+		}
+		return
+	}
+	c.down.Store(false)
+}
+
+// readBuckets reads the token buckets keys (all cold in a bucket table) in
+// one PushDiffs call that pushes nothing, and records what the store holds.
+func (c *coldReader) readBuckets(ctx context.Context, keys []coldKey) error {
+	ns := c.ns
+	now := ns.now()
+	b := strategy.Batch{Namespace: ns.name, ID: ns.newBatchID(), Now: now, BucketReads: make([]strategy.BucketID, len(keys))}
+	for i, k := range keys {
+		b.BucketReads[i] = strategy.BucketID{Key: k.key, Period: ns.cfg.WindowSizes[k.ti]}
+	}
+	res, err := ns.store.PushDiffs(ctx, &b)
+	if err != nil {
+		return err
+	}
+	if len(res.BucketReads) != len(keys) {
+		return fmt.Errorf("the store answered %d bucket reads of %d", len(res.BucketReads), len(keys))
+	}
+	for i, k := range keys {
+		ns.bucketTable(k.ti).LearnCold(k.key, now, res.BucketReads[i])
+	}
+	return nil
+}
+
+// readWindows makes one GetCounters call for keys (all cold in a window
+// table) and loads the totals into the tables.
+func (c *coldReader) readWindows(ctx context.Context, b *coldBatch, keys []coldKey) error {
 	ns := c.ns
 	now := ns.now()
 	q := strategy.Query{Namespace: ns.name, Now: now}
 	var tableBuf [4]int
 	tables := tableBuf[:0]
-	if len(b.keys) == 1 { // the common case of a lone caller: no allocation here
-		b.qKeyBuf[0] = b.keys[0].key
+	if len(keys) == 1 { // the common case of a lone caller: no allocation here
+		b.qKeyBuf[0] = keys[0].key
 		q.Keys = b.qKeyBuf[:]
 	} else {
-		q.Keys = make([]string, 0, len(b.keys))
+		q.Keys = make([]string, 0, len(keys))
 	}
-	for _, k := range b.keys {
-		if len(b.keys) > 1 && (len(b.keys) > 16 || !slices.Contains(q.Keys, k.key)) {
+	for _, k := range keys {
+		if len(keys) > 1 && (len(keys) > 16 || !slices.Contains(q.Keys, k.key)) {
 			q.Keys = append(q.Keys, k.key)
 		}
 		if !slices.Contains(tables, k.ti) {
@@ -388,19 +422,19 @@ func (c *coldReader) read(ctx context.Context, b *coldBatch, parent context.Cont
 			q.Sizes = append(q.Sizes, ns.tables[ti].Sizes()...)
 		}
 	}
-	if len(b.keys) > 16 {
+	if len(keys) > 16 {
 		slices.Sort(q.Keys)
 		q.Keys = slices.Compact(q.Keys)
 	}
-	// counts[j] are b.keys[j]'s totals: [size index in the table][current, previous].
+	// counts[j] are keys[j]'s totals: [size index in the table][current, previous].
 	counts := b.countBuf[:]
-	if len(b.keys) > 1 {
-		counts = make([][2][2]int64, len(b.keys))
+	if len(keys) > 1 {
+		counts = make([][2][2]int64, len(keys))
 	}
 	var index map[coldKey]int
-	if len(b.keys) > 16 {
-		index = make(map[coldKey]int, len(b.keys))
-		for j, k := range b.keys {
+	if len(keys) > 16 {
+		index = make(map[coldKey]int, len(keys))
+		for j, k := range keys {
 			index[k] = j
 		}
 	}
@@ -414,24 +448,23 @@ func (c *coldReader) read(ctx context.Context, b *coldBatch, parent context.Cont
 	}
 	for cnt, err := range ns.store.GetCounters(ctx, q) {
 		if err != nil {
-			b.err = fmt.Errorf("%w: cold read: %w", ErrStoreUnavailable, err)
-			if parent.Err() == nil {
-				c.down.Store(true)
-			}
-			return
+			// Kept in b (read wraps it) and returned after the loop: a
+			// return here, or a local, would move to the heap.
+			b.err = err
+			break
 		}
 		i := slices.Index(ns.cfg.WindowSizes, cnt.Size)
 		if i < 0 {
 			continue
 		}
-		k := coldKey{cnt.Key, i / 2}
+		k := coldKey{key: cnt.Key, ti: i / 2}
 		j := -1
 		if index != nil {
 			if n, ok := index[k]; ok {
 				j = n
 			}
 		} else {
-			j = slices.Index(b.keys, k)
+			j = slices.Index(keys, k)
 		}
 		if j < 0 {
 			continue // a key or size this read did not ask for
@@ -443,11 +476,14 @@ func (c *coldReader) read(ctx context.Context, b *coldBatch, parent context.Cont
 			counts[j][i%2][1] = cnt.Count
 		}
 	}
-	for j, k := range b.keys {
+	if b.err != nil {
+		return b.err
+	}
+	for j, k := range keys {
 		t := ns.tables[k.ti]
 		t.LoadColdSince(k.key, now, uint8(1)<<len(t.Sizes())-1, counts[j], seqs[slices.Index(tables, k.ti)])
 	}
-	c.down.Store(false)
+	return nil
 }
 
 // keepCold marks key unread in the window tables of st after a decision
