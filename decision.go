@@ -178,11 +178,12 @@ type lstate struct {
 // rejects the request), Allow answers from memory without touching the store
 // until enough time has passed: a local circuit breaker that keeps a flood of
 // rejected requests off the store.
-func (ns *Namespace) Allow(ctx context.Context, key string, cost int64, limits ...Limit) (Decision, error) {
+func (ns *Namespace) Allow(ctx context.Context, key string, cost int64, limits ...Limit) (d Decision, err error) {
 	if ns.cfg.Observer != nil {
 		return ns.observedDecide(ctx, key, cost, limits)
 	}
-	return ns.decide(ctx, key, cost, limits, true)
+	err = ns.decide(ctx, &d, key, cost, limits, true) // in place: a Decision is a hundred bytes to copy
+	return d, err
 }
 
 // Peek answers what Allow would answer for the same request, without counting
@@ -190,8 +191,9 @@ func (ns *Namespace) Allow(ctx context.Context, key string, cost int64, limits .
 // as spent when the request would be admitted. In synchronous mode it reads
 // the store (one round trip), unless this node already knows the key is over
 // a limit.
-func (ns *Namespace) Peek(ctx context.Context, key string, cost int64, limits ...Limit) (Decision, error) {
-	return ns.decide(ctx, key, cost, limits, false)
+func (ns *Namespace) Peek(ctx context.Context, key string, cost int64, limits ...Limit) (d Decision, err error) {
+	err = ns.decide(ctx, &d, key, cost, limits, false)
+	return d, err
 }
 
 // Refund takes back a cost that Allow counted for key, for a request that was
@@ -241,21 +243,22 @@ func (ns *Namespace) Refund(ctx context.Context, key string, cost int64, limits 
 	return nil
 }
 
-func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits []Limit, count bool) (Decision, error) {
-	var d Decision
+// decide makes the decision in d (the zero Decision on error).
+func (ns *Namespace) decide(ctx context.Context, d *Decision, key string, cost int64, limits []Limit, count bool) error {
 	var idx int // the binding limit's window index
 	var err error
 	// The lean paths do not register as calls in flight (enter): each
 	// counts in one table call that a sealed table refuses (see Close).
 	if len(limits) == 1 && limits[0].Algorithm == TokenBucket && ns.mode != modeSync {
-		key, idx, err = ns.decideBucket(ctx, &d, key, cost, limits, count && cost > 0)
+		key, idx, err = ns.decideBucket(ctx, d, key, cost, limits, count && cost > 0)
 	} else if ns.leanWindows(limits) {
-		key, idx, err = ns.decideWindows(ctx, &d, key, cost, limits, count && cost > 0)
+		key, idx, err = ns.decideWindows(ctx, d, key, cost, limits, count && cost > 0)
 	} else {
-		key, idx, err = ns.decideEntered(ctx, &d, key, cost, limits, count && cost > 0)
+		key, idx, err = ns.decideEntered(ctx, d, key, cost, limits, count && cost > 0)
 	}
 	if err != nil {
-		return Decision{}, err
+		*d = Decision{}
+		return err
 	}
 	if count { // Allow's answers are counted in Stats, Peek's are not
 		ns.stats.recordDecision(key, idx, d.Allowed, d.Degraded)
@@ -263,7 +266,7 @@ func (ns *Namespace) decide(ctx context.Context, key string, cost int64, limits 
 			ns.hot.record(key, !d.Allowed)
 		}
 	}
-	return d, nil
+	return nil
 }
 
 // decideEntered is decideAny as a call in flight, which Close waits for.

@@ -126,7 +126,8 @@ func (ns *Namespace) observedDecide(ctx context.Context, key string, cost int64,
 	obs := ns.cfg.Observer
 	start := time.Now()
 	if ctx == nil { // decide refuses it; the Observer still gets a context
-		d, err := ns.decide(ctx, key, cost, limits, true)
+		var d Decision
+		err := ns.decide(ctx, &d, key, cost, limits, true)
 		obs.Decision(context.Background(), DecisionEvent{Namespace: ns.name, Cost: cost, Start: start, Duration: time.Since(start), Err: err})
 		return d, err
 	}
@@ -134,7 +135,8 @@ func (ns *Namespace) observedDecide(ctx context.Context, key string, cost int64,
 	if ns.mode == modeSync {
 		octx = obs.Start(ctx, OpCheck)
 	}
-	d, err := ns.decide(octx, key, cost, limits, true)
+	var d Decision
+	err := ns.decide(octx, &d, key, cost, limits, true)
 	obs.Decision(octx, DecisionEvent{Namespace: ns.name, Key: ns.storedKeyIfValid(key), Cost: cost, Decision: d,
 		Start: start, Duration: time.Since(start), Err: err})
 	return d, err
