@@ -187,21 +187,10 @@ func TestColdBucketReadsCoalesce(t *testing.T) {
 		require.NoError(t, a.Sync(context.Background()))
 
 		var wg sync.WaitGroup
-		var admitted, degraded atomic.Int64
+		var out outcomes
 		for k, l := range keys {
 			for range 2 { // two callers per key
-				wg.Go(func() {
-					d, err := b.Allow(context.Background(), k, 1, l)
-					if err != nil {
-						t.Error(err)
-					}
-					if d.Allowed {
-						admitted.Add(1)
-					}
-					if d.Degraded {
-						degraded.Add(1)
-					}
-				})
+				wg.Go(func() { out.allow(t, b, k, l) })
 			}
 		}
 		synctest.Wait() // one read in flight, the other callers queued behind it
@@ -213,7 +202,7 @@ func TestColdBucketReadsCoalesce(t *testing.T) {
 		require.Equal(t, int64(3), store.windowReads.Load()+store.bucketReads.Load(), "three round trips")
 		require.Equal(t, int64(n), store.winKeys.Load(), "each window key read once")
 		require.Equal(t, int64(n), store.bktKeys.Load(), "each bucket key read once")
-		require.Zero(t, admitted.Load(), "every key was spent elsewhere")
-		require.Zero(t, degraded.Load())
+		require.Zero(t, out.admitted.Load(), "every key was spent elsewhere")
+		require.Zero(t, out.degraded.Load())
 	})
 }

@@ -148,6 +148,23 @@ func TestColdReadConfig(t *testing.T) {
 	require.ErrorContains(t, err, "ColdRead")
 }
 
+// outcomes counts the outcomes of concurrent decisions.
+type outcomes struct{ admitted, degraded atomic.Int64 }
+
+// allow makes one Allow of key on ns under l and counts its outcome.
+func (o *outcomes) allow(t *testing.T, ns *ratelimit.Namespace, key string, l ratelimit.Limit) {
+	d, err := ns.Allow(context.Background(), key, 1, l)
+	if err != nil {
+		t.Error(err)
+	}
+	if d.Allowed {
+		o.admitted.Add(1)
+	}
+	if d.Degraded {
+		o.degraded.Add(1)
+	}
+}
+
 // Concurrent cold keys share round trips: while one read is in flight, every
 // other cold key queues for the next one, so n keys cost two reads. Callers
 // hitting the same cold key together read it once.
@@ -172,21 +189,10 @@ func TestColdReadCoalesces(t *testing.T) {
 		require.NoError(t, err)
 
 		var wg sync.WaitGroup
-		var admitted, degraded atomic.Int64
+		var out outcomes
 		for i := range n {
 			for range 2 { // two callers per key
-				wg.Go(func() {
-					d, err := b.Allow(context.Background(), fmt.Sprintf("k%d", i), 1, lim)
-					if err != nil {
-						t.Error(err)
-					}
-					if d.Allowed {
-						admitted.Add(1)
-					}
-					if d.Degraded {
-						degraded.Add(1)
-					}
-				})
+				wg.Go(func() { out.allow(t, b, fmt.Sprintf("k%d", i), lim) })
 			}
 		}
 		synctest.Wait() // one read in flight, the other callers queued behind it
@@ -195,8 +201,8 @@ func TestColdReadCoalesces(t *testing.T) {
 		wg.Wait()
 		require.Equal(t, int64(2), store.reads.Load(), "%d cold keys, two reads", n)
 		require.Equal(t, int64(n), store.keys.Load(), "each key read once")
-		require.Zero(t, admitted.Load(), "every key was spent elsewhere")
-		require.Zero(t, degraded.Load())
+		require.Zero(t, out.admitted.Load(), "every key was spent elsewhere")
+		require.Zero(t, out.degraded.Load())
 	})
 }
 
