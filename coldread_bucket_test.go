@@ -123,7 +123,9 @@ type gatedColdReads struct {
 	bucketReads, bktKeys atomic.Int64
 }
 
-func (s *gatedColdReads) Capabilities() strategy.Capabilities { return strategy.CapabilitiesOf(s.Strategy) }
+func (s *gatedColdReads) Capabilities() strategy.Capabilities {
+	return strategy.CapabilitiesOf(s.Strategy)
+}
 
 func (s *gatedColdReads) wait(ctx context.Context) error {
 	select {
