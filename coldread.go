@@ -18,13 +18,17 @@ import (
 // With Config.ColdRead on (the default), the first decision for a cold key
 // waits for one read of its current and previous windows from the store.
 //
-// The coldReader batches those reads. A caller that finds no read in flight
-// sends its own at once (a lone caller pays no hand-off); callers that arrive
-// while a read is in flight queue their keys for the next one, which a
-// goroutine sends as soon as the read in flight ends; a caller whose key is
-// already queued or in flight waits for that read instead of adding its own.
-// So concurrent cold keys share a round trip and a key is read once however
-// many callers find it cold together.
+// The coldReader batches those reads, in two lanes: windows (GetCounters)
+// and token buckets (a push of bucket reads only), each with at most one
+// read in flight. A caller that finds no read in flight in a lane starts
+// one at once (a lone caller whose context cannot end sends it itself, with
+// no hand-off); callers that arrive while a read is in flight queue their
+// keys for the next one, which a goroutine sends as soon as the read in
+// flight ends; a caller whose key is already queued or in flight waits for
+// that read instead of adding its own. So concurrent cold keys share a
+// round trip per kind and a key is read once however many callers find it
+// cold together. A read is never cut short by the caller that started it:
+// others may be waiting on it.
 //
 // Every wait is bounded by SyncTimeout, by the caller's context and by Close;
 // a read
@@ -37,11 +41,20 @@ type coldReader struct {
 
 	mu     sync.Mutex
 	queued map[coldKey]*coldBatch // keys queued or in flight, with their batch (guarded by mu)
-	next   *coldBatch             // keys waiting for the read in flight to end (guarded by mu)
-	busy   bool                   // a read is in flight (guarded by mu)
+	// lanes[0] reads windows (GetCounters), lanes[1] token buckets (a
+	// push of bucket reads): each has its own read in flight and queue, so
+	// one kind's slow or failing read neither delays nor fails the
+	// other's keys.
+	lanes [2]coldLane
 
 	// down is set while the last read failed: callers then do not wait.
 	down atomic.Bool
+}
+
+// coldLane is one kind's reads (guarded by the coldReader's mu).
+type coldLane struct {
+	next *coldBatch // keys waiting for the read in flight to end
+	busy bool       // a read is in flight
 }
 
 // coldKey is a key cold in one table: the window table tables[ti], or
@@ -60,20 +73,29 @@ func (c *coldReader) holds(k coldKey) bool {
 	return c.ns.tables[k.ti].Holds(k.key)
 }
 
-// coldBatch is the keys of one read.
+// coldBatch is the keys of one read, all of one kind.
 type coldBatch struct {
-	keys []coldKey
-	done chan struct{} // closed once the read ended and its totals are loaded
-	err  error         // the read's error; written before done is closed
+	bucket bool // token buckets' keys (lanes[1]), else windows'
+	keys   []coldKey
+	done   chan struct{} // closed once the read ended and its totals are loaded
+	err    error         // the read's error; written before done is closed
+	// What the read found, for relearn (written before done is closed):
+	// states[i] is the bucket keys[i] held in the store (bucket batches);
+	// counts[i] the totals of keys[i] and seqs[i] its table's SkipSeq
+	// before the read (window batches).
+	states []strategy.BucketState
+	counts [][2][2]int64
+	seqs   []uint64
 	// Room for a lone caller's key, its query and its totals, allocated
 	// with the batch.
 	keyBuf   [1]coldKey
 	qKeyBuf  [1]string
 	countBuf [1][2][2]int64
+	seqBuf   [1]uint64
 }
 
-func newColdBatch() *coldBatch {
-	b := &coldBatch{done: make(chan struct{})}
+func newColdBatch(bucket bool) *coldBatch {
+	b := &coldBatch{bucket: bucket, done: make(chan struct{})}
 	b.keys = b.keyBuf[:0]
 	return b
 }
@@ -97,7 +119,7 @@ func (ns *Namespace) applyWarm(ctx context.Context, t *shm.Table, i int, key str
 		return views[i%2], now
 	}
 	keys := [1]coldKey{{key: key, ti: i / 2}}
-	degraded := ns.cold.warm(ctx, keys[:])
+	degraded := ns.cold.warm(ctx, keys[:], nil)
 	now = ns.now() // the read may have waited
 	var v shm.View
 	if peek {
@@ -121,7 +143,12 @@ func (ns *Namespace) applyWarm(ctx context.Context, t *shm.Table, i int, key str
 // read failed (Degraded).
 func (ns *Namespace) decideWarm(ctx context.Context, key string, st []lstate, now, value int64, peek bool) (cold, degraded, applied bool) {
 	if bcold, bdeg := ns.warmBuckets(ctx, key, st); bcold {
-		cold, degraded = true, bdeg
+		if bdeg {
+			// The windows were read with the buckets, in the same wait: a
+			// second wait could take SyncTimeout again.
+			return true, true, false
+		}
+		cold = true
 	}
 	var mask uint8
 	var owners [2]int
@@ -157,26 +184,45 @@ func (ns *Namespace) decideWarm(ctx context.Context, key string, st []lstate, no
 		return cold, degraded, true
 	}
 	keys := [1]coldKey{{key: key, ti: st[first].ti}}
-	return true, ns.cold.warm(ctx, keys[:]) || degraded, false
+	return true, ns.cold.warm(ctx, keys[:], nil) || degraded, false
 }
 
 // warmBuckets reads, before a decision, the store's state of every token
 // bucket of st this node does not hold, bounded by SyncTimeout and
-// coalesced with other callers' cold reads as a window's are. It reports
-// whether any was cold, and whether the read failed or was not waited for
+// coalesced with other callers' cold reads as a window's are, and with
+// them the windows of st cold here, in the same wait. It reports whether
+// any bucket was cold, and whether the read failed or was not waited for
 // (Degraded).
 func (ns *Namespace) warmBuckets(ctx context.Context, key string, st []lstate) (cold, degraded bool) {
 	var buf [maxInlineLimits]coldKey
-	keys := buf[:0]
+	var ownerBuf [maxInlineLimits]int
+	keys, owners := buf[:0], ownerBuf[:0]
 	for j := range st {
 		if s := &st[j]; s.owner == j && s.kind == kindBucket && !s.bt.Holds(key) {
-			keys = append(keys, coldKey{key: key, ti: s.idx, bucket: true}) // past maxInlineLimits, it grows
+			keys = append(keys, coldKey{key: key, ti: s.idx, bucket: true}) // past maxInlineLimits, both grow
+			owners = append(owners, j)
 		}
 	}
 	if len(keys) == 0 {
 		return false, false
 	}
-	return true, ns.cold.warm(ctx, keys)
+	for j := range st {
+		s := &st[j]
+		k := coldKey{key: key, ti: s.ti}
+		if s.owner == j && s.kind == kindWindow && !slices.Contains(keys, k) && !s.t.Holds(key) {
+			keys = append(keys, k)
+		}
+	}
+	var stateBuf [maxInlineLimits]*strategy.BucketState
+	states := stateBuf[:0]
+	for range keys {
+		states = append(states, nil)
+	}
+	degraded = ns.cold.warm(ctx, keys, states)
+	for i, j := range owners {
+		st[j].learned = states[i]
+	}
+	return true, degraded
 }
 
 // warmLimits reads key first in the tables of a decision's limits where it
@@ -198,7 +244,7 @@ func (ns *Namespace) warmLimits(ctx context.Context, key string, st []lstate) (c
 	if len(keys) == 0 {
 		return false, false
 	}
-	return true, ns.cold.warm(ctx, keys)
+	return true, ns.cold.warm(ctx, keys, nil)
 }
 
 // unrefLimits undoes, after the first decision on a cold key, the reference
@@ -222,61 +268,79 @@ func unrefLimits(key string, st []lstate) {
 // warm reads the store's state of keys (one key, cold in each of their
 // tables) and loads it; it reports whether the decision must be made
 // without it (Degraded): the read failed, timed out, or was not waited for.
-func (c *coldReader) warm(ctx context.Context, keys []coldKey) (degraded bool) {
+// When states is not nil, states[i] is set to what the read found for
+// keys[i] when it is a token bucket's (the decision's try learns it again
+// if the table lost the bucket since).
+func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strategy.BucketState) (degraded bool) {
 	down := c.down.Load() || c.ns.storeDown.Load()
-	var own *coldBatch // a read this caller sends itself
+	var owns [2]*coldBatch // the reads this caller sends, per lane
 	var buf [maxInlineLimits]*coldBatch
 	waits := buf[:0]
+	var fromBuf [maxInlineLimits]*coldBatch
+	from := fromBuf[:0] // from[i] is the batch reading keys[i], or nil
 	c.mu.Lock()
 	for _, k := range keys {
+		from = append(from, nil) // past maxInlineLimits, it grows
 		if b := c.queued[k]; b != nil {
 			if !slices.Contains(waits, b) {
 				waits = append(waits, b)
 			}
+			from[len(from)-1] = b
 			continue
 		}
 		if c.holds(k) {
 			continue // a read loaded it since the caller looked
 		}
+		l := laneOf(k.bucket)
+		lane := &c.lanes[l]
 		var b *coldBatch
 		switch {
-		case !c.busy:
-			if own == nil {
-				own = newColdBatch()
-				waits = append(waits, own)
+		case !lane.busy:
+			if owns[l] == nil {
+				owns[l] = newColdBatch(k.bucket)
+				waits = append(waits, owns[l])
 			}
-			b = own
+			b = owns[l]
 		case down:
 			degraded = true // a probe is in flight: do not queue behind it
 			continue
 		default:
-			if c.next == nil {
-				c.next = newColdBatch()
+			if lane.next == nil {
+				lane.next = newColdBatch(k.bucket)
 			}
-			b = c.next
+			b = lane.next
 			if !slices.Contains(waits, b) {
 				waits = append(waits, b)
 			}
 		}
 		b.keys = append(b.keys, k)
 		c.queued[k] = b
+		from[len(from)-1] = b
 	}
-	if own != nil {
-		c.busy = true
+	inline := -1 // the lane whose read this caller sends itself, if any
+	for l, own := range owns {
+		if own != nil {
+			c.lanes[l].busy = true
+			inline = l
+		}
 	}
 	c.mu.Unlock()
 
-	if own != nil {
-		if down {
-			go c.run(own) // a probe: the store has been failing, do not wait for it
-			return true
+	// A read others may come to wait on must not end with its caller (a
+	// client that hung up): it is bounded by SyncTimeout and Close only.
+	// So a caller sends its read itself, with no hand-off, only when its
+	// context cannot end and it has no other read to wait for; otherwise
+	// a goroutine sends it and the caller waits as the others do.
+	if down || ctx.Done() != nil || (owns[0] != nil && owns[1] != nil) {
+		inline = -1
+	}
+	for l, own := range owns {
+		if own != nil && l != inline {
+			go c.run(own) // while the store fails, a probe nobody waits for
 		}
-		rctx, cancel := context.WithTimeout(ctx, c.ns.cfg.SyncTimeout)
-		stop := context.AfterFunc(c.ns.closing, cancel) // Close ends the wait
-		c.read(rctx, own, ctx)
-		stop()
-		cancel()
-		if next := c.settle(own); next != nil {
+	}
+	if inline >= 0 {
+		if next := c.send(owns[inline]); next != nil {
 			go c.run(next)
 		}
 	}
@@ -306,17 +370,52 @@ func (c *coldReader) warm(ctx context.Context, keys []coldKey) (degraded bool) {
 			return true
 		}
 	}
+	// A batch loads all its keys before any of their callers decides, and
+	// loading its later keys may make room by evicting its earlier ones
+	// (what was read lives in the table, not in the caller): a window
+	// entry evicted since is loaded again, a bucket's state goes to the
+	// decision's try.
+	for i, k := range keys {
+		b := from[i]
+		if b == nil || b.err != nil {
+			continue
+		}
+		j := slices.Index(b.keys, k)
+		switch {
+		case j < 0:
+		case k.bucket && states != nil && j < len(b.states):
+			states[i] = &b.states[j]
+		case !k.bucket && j < len(b.counts) && !c.holds(k):
+			t := c.ns.tables[k.ti]
+			t.LoadColdSince(k.key, c.ns.now(), uint8(1)<<len(t.Sizes())-1, b.counts[j], b.seqs[j])
+		}
+	}
 	return degraded
 }
 
-// run sends b, then every batch queued behind it, until none is left.
+// laneOf returns the index in coldReader.lanes of a kind of key.
+func laneOf(bucket bool) int {
+	if bucket {
+		return 1
+	}
+	return 0
+}
+
+// run sends b, then every batch queued behind it in its lane, until none
+// is left.
 func (c *coldReader) run(b *coldBatch) {
 	for b != nil {
-		ctx, cancel := context.WithTimeout(c.ns.closing, c.ns.cfg.SyncTimeout)
-		c.read(ctx, b, c.ns.closing)
-		cancel()
-		b = c.settle(b)
+		b = c.send(b)
 	}
+}
+
+// send reads b, bounded by SyncTimeout and Close, and settles it; it
+// returns the batch queued behind it (see settle).
+func (c *coldReader) send(b *coldBatch) *coldBatch {
+	ctx, cancel := context.WithTimeout(c.ns.closing, c.ns.cfg.SyncTimeout)
+	defer cancel()
+	c.read(ctx, b)
+	return c.settle(b)
 }
 
 // settle ends b's read: its keys may be queued again (they are held now,
@@ -331,39 +430,27 @@ func (c *coldReader) settle(b *coldBatch) *coldBatch {
 		}
 	}
 	close(b.done)
-	next := c.next
-	c.next = nil
-	c.busy = next != nil
+	lane := &c.lanes[laneOf(b.bucket)]
+	next := lane.next
+	lane.next = nil
+	lane.busy = next != nil
 	return next
 }
 
 // read reads b's keys from the store and loads what it found into the
-// tables: one GetCounters call for the window keys, one PushDiffs call
-// (bucket reads only) for the token buckets. parent is the context the
-// caller's own cancellation comes from: a read it cancelled says nothing
-// about the store.
-func (c *coldReader) read(ctx context.Context, b *coldBatch, parent context.Context) {
-	windows, buckets := b.keys, []coldKey(nil)
-	if slices.ContainsFunc(b.keys, func(k coldKey) bool { return k.bucket }) {
-		windows = nil
-		for _, k := range b.keys {
-			if k.bucket {
-				buckets = append(buckets, k)
-			} else {
-				windows = append(windows, k)
-			}
-		}
-	}
+// tables: one GetCounters call for window keys, one PushDiffs call (bucket
+// reads only) for token buckets. A failure marks the store down, unless
+// Close cut the read short.
+func (c *coldReader) read(ctx context.Context, b *coldBatch) {
 	var err error
-	if len(windows) > 0 {
-		err = c.readWindows(ctx, b, windows)
-	}
-	if err == nil && len(buckets) > 0 {
-		err = c.readBuckets(ctx, buckets)
+	if b.bucket {
+		err = c.readBuckets(ctx, b)
+	} else {
+		err = c.readWindows(ctx, b, b.keys)
 	}
 	if err != nil {
 		b.err = fmt.Errorf("%w: cold read: %w", ErrStoreUnavailable, err)
-		if parent.Err() == nil {
+		if c.ns.closing.Err() == nil {
 			c.down.Store(true)
 		}
 		return
@@ -371,10 +458,10 @@ func (c *coldReader) read(ctx context.Context, b *coldBatch, parent context.Cont
 	c.down.Store(false)
 }
 
-// readBuckets reads the token buckets keys (all cold in a bucket table) in
+// readBuckets reads the token buckets of cb (all cold in a bucket table) in
 // one PushDiffs call that pushes nothing, and records what the store holds.
-func (c *coldReader) readBuckets(ctx context.Context, keys []coldKey) error {
-	ns := c.ns
+func (c *coldReader) readBuckets(ctx context.Context, cb *coldBatch) error {
+	ns, keys := c.ns, cb.keys
 	now := ns.now()
 	b := strategy.Batch{Namespace: ns.name, ID: ns.newBatchID(), Now: now, BucketReads: make([]strategy.BucketID, len(keys))}
 	for i, k := range keys {
@@ -390,6 +477,7 @@ func (c *coldReader) readBuckets(ctx context.Context, keys []coldKey) error {
 	for i, k := range keys {
 		ns.bucketTable(k.ti).LearnCold(k.key, now, res.BucketReads[i])
 	}
+	cb.states = res.BucketReads
 	return nil
 }
 
@@ -479,10 +567,16 @@ func (c *coldReader) readWindows(ctx context.Context, b *coldBatch, keys []coldK
 	if b.err != nil {
 		return b.err
 	}
+	keySeqs := b.seqBuf[:]
+	if len(keys) > 1 {
+		keySeqs = make([]uint64, len(keys))
+	}
 	for j, k := range keys {
 		t := ns.tables[k.ti]
-		t.LoadColdSince(k.key, now, uint8(1)<<len(t.Sizes())-1, counts[j], seqs[slices.Index(tables, k.ti)])
+		keySeqs[j] = seqs[slices.Index(tables, k.ti)]
+		t.LoadColdSince(k.key, now, uint8(1)<<len(t.Sizes())-1, counts[j], keySeqs[j])
 	}
+	b.counts, b.seqs = counts, keySeqs
 	return nil
 }
 

@@ -3,7 +3,6 @@ package ratelimit_test
 import (
 	"context"
 	"fmt"
-	"iter"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,62 +112,18 @@ func TestColdFifthBucketNotRead(t *testing.T) {
 	require.Zero(t, admitted, "B admitted %d under a per-minute bucket of 5 that A emptied", admitted)
 }
 
-// gatedColdReads counts cold reads, of windows (GetCounters) and of token
-// buckets (a push of bucket reads only), and the keys they asked for;
-// every such call waits for gate to be closed (or for its context).
-type gatedColdReads struct {
-	strategy.Strategy
-	gate                 chan struct{}
-	windowReads, winKeys atomic.Int64
-	bucketReads, bktKeys atomic.Int64
-}
-
-func (s *gatedColdReads) Capabilities() strategy.Capabilities {
-	return strategy.CapabilitiesOf(s.Strategy)
-}
-
-func (s *gatedColdReads) wait(ctx context.Context) error {
-	select {
-	case <-s.gate:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (s *gatedColdReads) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2[strategy.Counter, error] {
-	s.windowReads.Add(1)
-	s.winKeys.Add(int64(len(q.Keys)))
-	if err := s.wait(ctx); err != nil {
-		return func(yield func(strategy.Counter, error) bool) { yield(strategy.Counter{}, err) }
-	}
-	return s.Strategy.GetCounters(ctx, q)
-}
-
-func (s *gatedColdReads) PushDiffs(ctx context.Context, b *strategy.Batch) (strategy.Result, error) {
-	if len(b.BucketReads) > 0 && len(b.BucketDiffs) == 0 && len(b.Diffs) == 0 {
-		s.bucketReads.Add(1)
-		s.bktKeys.Add(int64(len(b.BucketReads)))
-		if err := s.wait(ctx); err != nil {
-			return strategy.Result{}, err
-		}
-	}
-	return s.Strategy.PushDiffs(ctx, b)
-}
-
-// Cold token buckets share round trips as cold windows do: while one read
-// is in flight, every other cold key, of a bucket or of a window, queues
-// for the next read, and callers finding one key cold together read it
-// once. So 2 × n callers on n bucket keys and n window keys cost three
-// round trips: the first caller's own read, then one read of windows and
-// one of buckets for everyone queued behind it.
+// Cold token buckets share round trips as cold windows do: while a read of
+// a kind is in flight, every other cold key of that kind queues for the
+// next read, and callers finding one key cold together read it once. So
+// 2 × n callers on n bucket keys and n window keys cost four round trips:
+// per kind, the first caller's read, then one for everyone queued behind it.
 func TestColdBucketReadsCoalesce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 40
 		bucket := ratelimit.Limit{Window: time.Minute, Max: 3, Algorithm: ratelimit.TokenBucket}
 		window := ratelimit.Limit{Window: time.Minute, Max: 3}
 		mem := memory.New()
-		store := &gatedColdReads{Strategy: mem, gate: make(chan struct{})}
+		store := &coldGate{Strategy: mem, gate: make(chan struct{})}
 		cfg := ratelimit.Config{WindowSizes: []time.Duration{time.Minute}, SyncRate: time.Hour, Strategy: mem}
 		a := newNS(t, cfg)
 		cfg.Strategy = store
@@ -195,13 +150,15 @@ func TestColdBucketReadsCoalesce(t *testing.T) {
 				wg.Go(func() { out.allow(t, b, k, l) })
 			}
 		}
-		synctest.Wait() // one read in flight, the other callers queued behind it
-		require.Equal(t, int64(1), store.windowReads.Load()+store.bucketReads.Load())
+		synctest.Wait() // one read of each kind in flight, the other callers queued behind them
+		require.Equal(t, int64(1), store.winReads.Load())
+		require.Equal(t, int64(1), store.bktReads.Load())
 		close(store.gate)
 		wg.Wait()
-		t.Logf("%d window reads for %d keys, %d bucket reads for %d keys", store.windowReads.Load(), store.winKeys.Load(),
-			store.bucketReads.Load(), store.bktKeys.Load())
-		require.Equal(t, int64(3), store.windowReads.Load()+store.bucketReads.Load(), "three round trips")
+		t.Logf("%d window reads for %d keys, %d bucket reads for %d keys", store.winReads.Load(), store.winKeys.Load(),
+			store.bktReads.Load(), store.bktKeys.Load())
+		require.Equal(t, int64(2), store.winReads.Load(), "two window reads")
+		require.Equal(t, int64(2), store.bktReads.Load(), "two bucket reads")
 		require.Equal(t, int64(n), store.winKeys.Load(), "each window key read once")
 		require.Equal(t, int64(n), store.bktKeys.Load(), "each bucket key read once")
 		require.Zero(t, out.admitted.Load(), "every key was spent elsewhere")

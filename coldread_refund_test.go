@@ -46,8 +46,9 @@ func TestColdBucketRefundLeavesKeyCold(t *testing.T) {
 }
 
 // cancellingStore cancels a caller's context from inside its first
-// GetCounters (a client that hangs up while its cold read is in flight),
-// then answers as a store does for a cancelled call.
+// GetCounters (a client that hangs up while its cold read is in flight).
+// The read goes on (it is not the caller's: see coldReader) unless its own
+// context ends.
 type cancellingStore struct {
 	strategy.Strategy
 	cancel atomic.Pointer[context.CancelFunc]
@@ -56,18 +57,19 @@ type cancellingStore struct {
 func (s *cancellingStore) GetCounters(ctx context.Context, q strategy.Query) iter.Seq2[strategy.Counter, error] {
 	if c := s.cancel.Swap(nil); c != nil {
 		(*c)()
-		<-ctx.Done()
-		return func(yield func(strategy.Counter, error) bool) { yield(strategy.Counter{}, ctx.Err()) }
+		if ctx.Err() != nil {
+			return func(yield func(strategy.Counter, error) bool) { yield(strategy.Counter{}, ctx.Err()) }
+		}
 	}
 	return s.Strategy.GetCounters(ctx, q)
 }
 
 // A client that spent its budget on node A reaches node B and hangs up while
-// B's cold read is in flight. The read says nothing about the store (the
-// code itself does not mark the store down for it), but the hit is counted
-// in a new entry that B then holds without the store's totals: every later
-// request of that client on B gets a fresh budget until B's next sync. The
-// store is healthy throughout; one cancelled request per node is enough.
+// B's cold read is in flight. Before KeepCold, the hit was counted in a new
+// entry that B then held without the store's totals: every later request
+// of that client on B got a fresh budget until B's next sync, the store
+// healthy throughout. (Before the cold reader's reads stopped ending with
+// the caller that sent them, the read itself was cut short too.)
 func TestColdCancelledCallerGivesFreshBudget(t *testing.T) {
 	leakCheck(t)
 	lim := ratelimit.Limit{Window: time.Minute, Max: 5}

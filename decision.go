@@ -141,10 +141,11 @@ type lstate struct {
 	di, ri int32
 	// Token buckets (owner only but for bt, interval, burst).
 	bt       *shm.Buckets
-	interval float64 // ms per token
-	burst    int64   // a bucket's capacity; a log's Max
-	tat      float64 // the bucket's TAT now: with the request's cost when spent
-	tat0     float64 // the bucket's TAT before the request
+	learned  *strategy.BucketState // what a cold read of the bucket found, for its try (see shm.Buckets.TryLearning)
+	interval float64               // ms per token
+	burst    int64                 // a bucket's capacity; a log's Max
+	tat      float64               // the bucket's TAT now: with the request's cost when spent
+	tat0     float64               // the bucket's TAT before the request
 	// Sliding logs (owner only but for lt).
 	lt     *shm.Logs
 	ls     strategy.LogState // the log now: with the request when added
@@ -846,7 +847,7 @@ func (s *lstate) tryBucket(key string, now, cost int64, count bool) {
 	if count {
 		mode = shm.SpendIfFits
 	}
-	s.tat0, s.fits, s.spent = s.bt.Try(key, now, s.interval, s.burst, cost, mode)
+	s.tat0, s.fits, s.spent = s.bt.TryLearning(key, now, s.learned, s.interval, s.burst, cost, mode)
 	s.afterTry(now, cost)
 }
 
@@ -861,6 +862,6 @@ func (s *lstate) afterTry(now, cost int64) {
 // chargeBucket spends a rejected request's cost on the token bucket of s,
 // whose limit has a penalty.
 func (s *lstate) chargeBucket(key string, now, cost int64) {
-	s.tat0, _, s.spent = s.bt.Try(key, now, s.interval, s.burst, cost, shm.SpendAlways)
+	s.tat0, _, s.spent = s.bt.TryLearning(key, now, s.learned, s.interval, s.burst, cost, shm.SpendAlways)
 	s.tat = bucketAfter(s.tat0, now, s.interval, cost)
 }

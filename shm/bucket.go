@@ -436,7 +436,20 @@ const (
 // interval) and whether the request fits, and spends the cost as mode says.
 // The bucket is created when missing.
 func (b *Buckets) Try(key string, now int64, interval float64, burst, cost int64, mode TryMode) (tat float64, fits bool, spent bool) {
-	return b.tryLocked(b.locked(key, now, true), now, interval, burst, cost, mode)
+	return b.TryLearning(key, now, nil, interval, burst, cost, mode)
+}
+
+// TryLearning is Try for a decision that read key's bucket from the store
+// just before (a cold read, which found st): when the table has lost that
+// bucket since (an eviction made room for another key), st is learned
+// again under the bucket's lock, before the try, so the decision is not
+// made on a bucket that forgot the store's state. A nil st is Try.
+func (b *Buckets) TryLearning(key string, now int64, st *strategy.BucketState, interval float64, burst, cost int64, mode TryMode) (tat float64, fits bool, spent bool) {
+	bk := b.locked(key, now, true)
+	if st != nil && b.track && !bk.ext.learned {
+		bk.ext.synced, bk.ext.learned = *st, true
+	}
+	return b.tryLocked(bk, now, interval, burst, cost, mode)
 }
 
 // Seal makes the table refuse what TryOpen would spend from now on. A call
