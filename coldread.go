@@ -47,8 +47,36 @@ type coldReader struct {
 	// other's keys.
 	lanes [2]coldLane
 
-	// down is set while the last read failed: callers then do not wait.
-	down atomic.Bool
+	// down[l] is set while lane l's last read failed: callers of that
+	// lane's keys then do not wait (the other lane's still do).
+	down [2]atomic.Bool
+
+	// runs counts the goroutines sending reads (run), which Close waits
+	// for: they are started only by calls in flight, which Close waits
+	// for first.
+	runs sync.WaitGroup
+}
+
+// goRun sends b, then what queues behind it, in a goroutine Close waits for.
+func (c *coldReader) goRun(b *coldBatch) {
+	c.runs.Add(1)
+	go func() {
+		defer c.runs.Done()
+		c.run(b)
+	}()
+}
+
+// waitRuns waits, until ctx is done, for the reads sent in goroutines.
+func (c *coldReader) waitRuns(ctx context.Context) {
+	done := make(chan struct{})
+	go func() {
+		c.runs.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }
 
 // coldLane is one kind's reads (guarded by the coldReader's mu).
@@ -86,6 +114,7 @@ type coldBatch struct {
 	states []strategy.BucketState
 	counts [][2][2]int64
 	seqs   []uint64
+	now    int64 // the time the windows' totals were read at (window batches)
 	// Room for a lone caller's key, its query and its totals, allocated
 	// with the batch.
 	keyBuf   [1]coldKey
@@ -272,7 +301,12 @@ func unrefLimits(key string, st []lstate) {
 // keys[i] when it is a token bucket's (the decision's try learns it again
 // if the table lost the bucket since).
 func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strategy.BucketState) (degraded bool) {
-	down := c.down.Load() || c.ns.storeDown.Load()
+	storeDown := c.ns.storeDown.Load()
+	var laneDown [2]bool
+	for l := range laneDown {
+		laneDown[l] = storeDown || c.down[l].Load()
+	}
+	down := false          // some key's lane is down: the decision is made without it
 	var owns [2]*coldBatch // the reads this caller sends, per lane
 	var buf [maxInlineLimits]*coldBatch
 	waits := buf[:0]
@@ -282,6 +316,10 @@ func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strateg
 	for _, k := range keys {
 		from = append(from, nil) // past maxInlineLimits, it grows
 		if b := c.queued[k]; b != nil {
+			if laneDown[laneOf(k.bucket)] {
+				down = true // a probe: not waited for
+				continue
+			}
 			if !slices.Contains(waits, b) {
 				waits = append(waits, b)
 			}
@@ -293,15 +331,18 @@ func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strateg
 		}
 		l := laneOf(k.bucket)
 		lane := &c.lanes[l]
+		down = down || laneDown[l]
 		var b *coldBatch
 		switch {
 		case !lane.busy:
 			if owns[l] == nil {
 				owns[l] = newColdBatch(k.bucket)
-				waits = append(waits, owns[l])
+				if !laneDown[l] {
+					waits = append(waits, owns[l])
+				}
 			}
 			b = owns[l]
-		case down:
+		case laneDown[l]:
 			degraded = true // a probe is in flight: do not queue behind it
 			continue
 		default:
@@ -321,7 +362,9 @@ func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strateg
 	for l, own := range owns {
 		if own != nil {
 			c.lanes[l].busy = true
-			inline = l
+			if !laneDown[l] {
+				inline = l
+			}
 		}
 	}
 	c.mu.Unlock()
@@ -331,22 +374,22 @@ func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strateg
 	// So a caller sends its read itself, with no hand-off, only when its
 	// context cannot end and it has no other read to wait for; otherwise
 	// a goroutine sends it and the caller waits as the others do.
-	if down || ctx.Done() != nil || (owns[0] != nil && owns[1] != nil) {
+	// (Its only read: its wait for any other starts only after the
+	// send, and would add up to SyncTimeout to the call.)
+	if inline >= 0 && (ctx.Done() != nil || len(waits) != 1 || waits[0] != owns[inline]) {
 		inline = -1
 	}
 	for l, own := range owns {
 		if own != nil && l != inline {
-			go c.run(own) // while the store fails, a probe nobody waits for
+			c.goRun(own) // while the store fails, a probe nobody waits for
 		}
 	}
 	if inline >= 0 {
 		if next := c.send(owns[inline]); next != nil {
-			go c.run(next)
+			c.goRun(next)
 		}
 	}
-	if down {
-		return true
-	}
+	degraded = degraded || down
 	var timer *time.Timer
 	for _, b := range waits {
 		select {
@@ -377,7 +420,7 @@ func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strateg
 	// decision's try.
 	for i, k := range keys {
 		b := from[i]
-		if b == nil || b.err != nil {
+		if b == nil || !slices.Contains(waits, b) || b.err != nil { // not waited for: a probe
 			continue
 		}
 		j := slices.Index(b.keys, k)
@@ -387,7 +430,8 @@ func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strateg
 			states[i] = &b.states[j]
 		case !k.bucket && j < len(b.counts) && !c.holds(k):
 			t := c.ns.tables[k.ti]
-			t.LoadColdSince(k.key, c.ns.now(), uint8(1)<<len(t.Sizes())-1, b.counts[j], b.seqs[j])
+			// At the read's time: its totals are of the windows then.
+			t.LoadColdSince(k.key, b.now, uint8(1)<<len(t.Sizes())-1, b.counts[j], b.seqs[j])
 		}
 	}
 	return degraded
@@ -451,11 +495,11 @@ func (c *coldReader) read(ctx context.Context, b *coldBatch) {
 	if err != nil {
 		b.err = fmt.Errorf("%w: cold read: %w", ErrStoreUnavailable, err)
 		if c.ns.closing.Err() == nil {
-			c.down.Store(true)
+			c.down[laneOf(b.bucket)].Store(true)
 		}
 		return
 	}
-	c.down.Store(false)
+	c.down[laneOf(b.bucket)].Store(false)
 }
 
 // readBuckets reads the token buckets of cb (all cold in a bucket table) in
@@ -576,7 +620,7 @@ func (c *coldReader) readWindows(ctx context.Context, b *coldBatch, keys []coldK
 		keySeqs[j] = seqs[slices.Index(tables, k.ti)]
 		t.LoadColdSince(k.key, now, uint8(1)<<len(t.Sizes())-1, counts[j], keySeqs[j])
 	}
-	b.counts, b.seqs = counts, keySeqs
+	b.counts, b.seqs, b.now = counts, keySeqs, now
 	return nil
 }
 

@@ -362,6 +362,11 @@ func (ns *Namespace) Close(ctx context.Context) error {
 		// collects every hit a call reported counted. They find the keys
 		// where they were: the seal comes after them.
 		callsErr := ns.waitCalls(ctx)
+		if ns.cold != nil {
+			// The cold reads handed to goroutines: none uses the store
+			// after Close returns (closing ends them, bounded by ctx).
+			ns.cold.waitRuns(ctx)
+		}
 		// The lean decision paths do not register as calls in flight:
 		// sealing the tables takes what those under way counted into the
 		// flush, and refuses the rest (see shm.Table.Seal).

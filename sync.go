@@ -404,7 +404,8 @@ func (ns *Namespace) runCycle(ctx context.Context, reads, early bool) error {
 	ns.stats.recordSync(start, err)
 	ns.storeDown.Store(err != nil)
 	if err == nil && ns.cold != nil {
-		ns.cold.down.Store(false) // the store answers again (a bucket-only namespace sends no window probe)
+		ns.cold.down[0].Store(false) // the store answers again (a bucket-only namespace sends no window probe)
+		ns.cold.down[1].Store(false)
 	}
 	return err
 }
