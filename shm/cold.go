@@ -197,13 +197,30 @@ func (t *Table) KeepCold(key string) {
 	}
 }
 
-// AddUnread is Add for a correction that is not a decision (Refund): an
-// entry it makes is unread, as a take-back's is, so the key stays cold
-// until LoadCold reads its totals (see Holds).
-func (t *Table) AddUnread(key string, w int, now, v int64) {
-	s, e, excl := t.lockTakeBack(key, now)
-	_, par := t.window(e, w, now)
-	e.w[w].slot[par].add(v)
+// Refund takes back up to v (> 0) from key's window of size index w at now,
+// never more than this node's view of that window holds, and returns what
+// it took back: a refund with no hit behind it (a caller's mistake) must not
+// take the count below zero, which would admit more than the limit. With
+// unread (cold reads on), an entry it makes is unread, as a take-back's is,
+// so the key stays cold until LoadCold reads its totals (see Holds).
+func (t *Table) Refund(key string, w int, now, v int64, unread bool) int64 {
+	var s *shard
+	var e *entry
+	var excl bool
+	if unread {
+		s, e, excl = t.lockTakeBack(key, now)
+	} else {
+		s, e, excl = t.lock(key, now)
+	}
+	e.mu.Lock() // refunds one at a time: each sees the others' take-backs
+	_, par := t.windowLocking(e, w, now, false)
+	sl := &e.w[w].slot[par]
+	take := min(v, max(sl.view(), 0))
+	if take > 0 {
+		sl.add(-take)
+	}
+	e.mu.Unlock()
 	t.touch(s, e)
 	s.unlock(excl)
+	return take
 }
