@@ -76,6 +76,21 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 // does not implement (see strategy.Capabilities).
 var ErrUnsupportedLimit = errors.New("ratelimit: limit not supported here")
 
+// unsupported returns an error that is both ErrInvalidLimit and
+// ErrUnsupportedLimit, with the message of the latter once.
+func unsupported(format string, args ...any) error {
+	return &unsupportedError{fmt.Sprintf(format, args...)}
+}
+
+type unsupportedError struct{ msg string }
+
+func (e *unsupportedError) Error() string { return ErrUnsupportedLimit.Error() + ": " + e.msg }
+
+// Is reports whether target is ErrInvalidLimit or ErrUnsupportedLimit.
+func (e *unsupportedError) Is(target error) bool {
+	return target == ErrInvalidLimit || target == ErrUnsupportedLimit
+}
+
 // maxLogMax bounds a sliding log's Max: a log keeps up to two entries per
 // unit of Max for each key.
 const maxLogMax = 1 << 16
@@ -142,22 +157,22 @@ func (ns *Namespace) checkAlgorithm(l *Limit) error {
 		}
 		caps := ns.caps()
 		if ns.mode == modeAsync && !caps.Buckets {
-			return fmt.Errorf("%w: %w: %s: the store does not keep token buckets", ErrInvalidLimit, ErrUnsupportedLimit, l.PolicyName())
+			return unsupported("%s: the store does not keep token buckets", l.PolicyName())
 		}
 		if ns.mode == modeSync && (!caps.Take || !caps.Buckets) {
 			// Take decides; bucket diffs carry what a node decided alone
 			// while the store failed.
-			return fmt.Errorf("%w: %w: %s: the store does not decide and keep token buckets (strategy.Taker, Buckets)", ErrInvalidLimit, ErrUnsupportedLimit, l.PolicyName())
+			return unsupported("%s: the store does not decide and keep token buckets (strategy.Taker, Buckets)", l.PolicyName())
 		}
 	case a == SlidingLog:
 		if l.Max > maxLogMax {
 			return fmt.Errorf("%w: %s: a sliding log keeps every request; Max %d is above %d (use a sliding window)", ErrInvalidLimit, l.PolicyName(), l.Max, maxLogMax)
 		}
 		if ns.mode == modeAsync {
-			return fmt.Errorf("%w: %w: %s: a sliding log cannot be exact with a periodic sync; use local or synchronous mode", ErrInvalidLimit, ErrUnsupportedLimit, l.PolicyName())
+			return unsupported("%s: a sliding log cannot be exact with a periodic sync; use local or synchronous mode", l.PolicyName())
 		}
 		if ns.mode == modeSync && !ns.caps().Take {
-			return fmt.Errorf("%w: %w: %s: the store does not keep sliding logs (strategy.Taker)", ErrInvalidLimit, ErrUnsupportedLimit, l.PolicyName())
+			return unsupported("%s: the store does not keep sliding logs (strategy.Taker)", l.PolicyName())
 		}
 	}
 	return nil

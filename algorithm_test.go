@@ -122,6 +122,9 @@ func TestSlidingLog(t *testing.T) {
 		require.ErrorIs(t, err, ratelimit.ErrUnsupportedLimit)
 		require.ErrorIs(t, err, ratelimit.ErrInvalidLimit)
 		require.ErrorIs(t, ns.CheckLimits(1, slog(time.Second, 3)), ratelimit.ErrUnsupportedLimit)
+		// One prefix (it read "ratelimit: invalid limit: ratelimit: limit not supported here: ...").
+		require.Equal(t, "ratelimit: limit not supported here: per-second: a sliding log cannot be exact with a periodic sync; use local or synchronous mode",
+			err.Error())
 	})
 }
 

@@ -77,7 +77,7 @@ type Config struct {
 	// pushed). Default 1<<20.
 	MaxKeys int
 	// MaxKeyLength: keys longer than this many bytes are replaced by a hash of
-	// themselves (SHA-256). Default 256.
+	// themselves (SHA-256). Default 256; at least 64, the length of a hashed key.
 	MaxKeyLength int
 	// SyncTimeout bounds each store call: a sync cycle's push, a fetch, and in
 	// synchronous mode each write-through. Default 1 s.

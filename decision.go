@@ -13,8 +13,14 @@ import (
 
 // Errors returned by Allow and Peek, besides the namespace's own.
 var (
-	// ErrInvalidLimit is returned by Allow, Peek, Refund and CheckLimits when
-	// they are given no limits, or a Limit whose Max is not in 1..MaxValue.
+	// ErrInvalidLimit is returned by Allow, Peek, Refund, Wait and
+	// CheckLimits when they are given no limits, or a Limit they cannot
+	// enforce: Max not in 1..MaxValue, an unknown Algorithm, Fixed on a
+	// limit that is not a window, Burst on one that is not a token bucket
+	// (or out of range), a bucket refilling more than 1,000 tokens per
+	// millisecond, a sliding log whose Max is above 65,536, or a limit the
+	// namespace's mode or store cannot keep (then it is also
+	// ErrUnsupportedLimit).
 	ErrInvalidLimit = errors.New("ratelimit: invalid limit")
 	// ErrInvalidCost is returned by Allow, Peek, Refund and CheckLimits when
 	// the cost is below 0 or above the Max of a limit (such a request could

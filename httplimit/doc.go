@@ -43,9 +43,11 @@
 //
 // # Failures
 //
-// In synchronous mode a store failure makes a decision Degraded: it is made
-// from this node's counts (a lower bound of the cluster's), logged (at most
-// one line per LogInterval), and by default acted on (fail open); a route
-// with FailClosed answers 503 instead. The wait is bounded by the namespace's
-// SyncTimeout.
+// A decision made without the store is Degraded: in synchronous mode when
+// the store call fails (the wait is bounded by the namespace's
+// SyncTimeout), in periodic mode while the last sync cycle failed (the
+// cluster's counts this node knows are stale). It is made from this node's
+// counts (a lower bound of the cluster's), logged (at most one line per
+// LogInterval), and by default acted on (fail open); a route with
+// FailClosed answers 503 instead, in every mode.
 package httplimit
