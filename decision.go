@@ -205,11 +205,15 @@ func (ns *Namespace) Peek(ctx context.Context, key string, cost int64, limits ..
 
 // Refund takes back a cost that Allow counted for key, for a request that was
 // not served after all (it failed, or a fail-closed route refused it): it
-// subtracts cost from the current window of each distinct window limit (never
-// taking it below zero in this node's view), gives cost tokens back to each
-// token bucket (never past full) and takes cost from the newest entries of
-// each sliding log. So a refund for a request that was never counted cannot
-// make room for more than the limit. It never waits for the store:
+// subtracts cost from each distinct window limit's current window, gives cost
+// tokens back to each token bucket (never past full) and takes cost from the
+// newest entries of each sliding log. Refund only a cost Allow counted: with
+// a store, a refund of a request that was rejected or never seen makes room
+// beyond the limit (this node's view cannot bound it: it may be below the
+// hits behind a legitimate refund); in local mode it takes back no more than
+// the window holds. A refund lands in the current window: one made just
+// after the window turned does not lighten a sliding window's previous one,
+// where its hit still weighs. It never waits for the store:
 // outside local mode the correction is pushed with the next sync (in
 // synchronous mode, by the retry loop, within RetryInterval; until then the
 // store, which decides token buckets and sliding logs in that mode, does not
@@ -234,7 +238,7 @@ func (ns *Namespace) Refund(ctx context.Context, key string, cost int64, limits 
 		}
 		switch s.kind {
 		case kindWindow:
-			// Never below what the window holds (a key not held stays cold).
+			// (A key not held stays cold.)
 			s.t.Refund(key, s.w, now, cost, ns.cold != nil)
 		case kindBucket:
 			s.bt.Refund(key, now, s.interval, cost)

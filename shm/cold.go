@@ -197,12 +197,16 @@ func (t *Table) KeepCold(key string) {
 	}
 }
 
-// Refund takes back up to v (> 0) from key's window of size index w at now,
-// never more than this node's view of that window holds, and returns what
-// it took back: a refund with no hit behind it (a caller's mistake) must not
-// take the count below zero, which would admit more than the limit. With
-// unread (cold reads on), an entry it makes is unread, as a take-back's is,
-// so the key stays cold until LoadCold reads its totals (see Holds).
+// Refund takes back v (> 0) from key's window of size index w at now (the
+// current window), and returns what it took back. Without a store (the
+// table does not track pushes) it takes back no more than the window holds:
+// a refund with no hit behind it (a caller's mistake) then cannot take the
+// count below zero, which would admit more than the limit. With one, this
+// node's view can be below the hits behind a refund (an entry made again
+// after an eviction, totals settled out of order), so it takes back v.
+// With unread (cold reads on), an entry it makes is unread, as a
+// take-back's is, so the key stays cold until LoadCold reads its totals
+// (see Holds).
 func (t *Table) Refund(key string, w int, now, v int64, unread bool) int64 {
 	var s *shard
 	var e *entry
@@ -215,7 +219,10 @@ func (t *Table) Refund(key string, w int, now, v int64, unread bool) int64 {
 	e.mu.Lock() // refunds one at a time: each sees the others' take-backs
 	_, par := t.windowLocking(e, w, now, false)
 	sl := &e.w[w].slot[par]
-	take := min(v, max(sl.view(), 0))
+	take := v
+	if !t.track {
+		take = min(v, max(sl.view(), 0))
+	}
 	if take > 0 {
 		sl.add(-take)
 	}
