@@ -306,18 +306,17 @@ func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strateg
 	for l := range laneDown {
 		laneDown[l] = storeDown || c.down[l].Load()
 	}
-	down := false          // some key's lane is down: the decision is made without it
 	var owns [2]*coldBatch // the reads this caller sends, per lane
 	var buf [maxInlineLimits]*coldBatch
 	waits := buf[:0]
 	var fromBuf [maxInlineLimits]*coldBatch
-	from := fromBuf[:0] // from[i] is the batch reading keys[i], or nil
+	from := fromBuf[:0] // from[i] is the batch reading keys[i] that the caller waits for, or nil
 	c.mu.Lock()
 	for _, k := range keys {
 		from = append(from, nil) // past maxInlineLimits, it grows
 		if b := c.queued[k]; b != nil {
 			if laneDown[laneOf(k.bucket)] {
-				down = true // a probe: not waited for
+				degraded = true // a probe: not waited for
 				continue
 			}
 			if !slices.Contains(waits, b) {
@@ -331,7 +330,7 @@ func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strateg
 		}
 		l := laneOf(k.bucket)
 		lane := &c.lanes[l]
-		down = down || laneDown[l]
+		degraded = degraded || laneDown[l] // its read, if any, is a probe
 		var b *coldBatch
 		switch {
 		case !lane.busy:
@@ -343,8 +342,7 @@ func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strateg
 			}
 			b = owns[l]
 		case laneDown[l]:
-			degraded = true // a probe is in flight: do not queue behind it
-			continue
+			continue // a probe is in flight: do not queue behind it
 		default:
 			if lane.next == nil {
 				lane.next = newColdBatch(k.bucket)
@@ -356,7 +354,9 @@ func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strateg
 		}
 		b.keys = append(b.keys, k)
 		c.queued[k] = b
-		from[len(from)-1] = b
+		if !laneDown[l] {
+			from[len(from)-1] = b
+		}
 	}
 	inline := -1 // the lane whose read this caller sends itself, if any
 	for l, own := range owns {
@@ -389,7 +389,6 @@ func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strateg
 			c.goRun(next)
 		}
 	}
-	degraded = degraded || down
 	var timer *time.Timer
 	for _, b := range waits {
 		select {
@@ -420,7 +419,7 @@ func (c *coldReader) warm(ctx context.Context, keys []coldKey, states []*strateg
 	// decision's try.
 	for i, k := range keys {
 		b := from[i]
-		if b == nil || !slices.Contains(waits, b) || b.err != nil { // not waited for: a probe
+		if b == nil || b.err != nil {
 			continue
 		}
 		j := slices.Index(b.keys, k)
