@@ -131,7 +131,9 @@ func viewOf(tb *Table, key string, w int, now int64) [3]int64 {
 		return [3]int64{}
 	}
 	defer s.mu.RUnlock()
-	p := &e.w[w]
-	lat := p.latest.Load()
-	return [3]int64{lat, p.view(lat, tb.sizeMS[w]), p.view(lat-tb.sizeMS[w], tb.sizeMS[w])}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	lat := e.w[w].latest.Load()
+	cur, prev := tb.viewsAt(e, w, lat, parity(lat, tb.sizeMS[w]))
+	return [3]int64{lat, cur, prev}
 }

@@ -76,15 +76,15 @@ func (t *Table) LoadColdSince(key string, now int64, mask uint8, counts [2][2]in
 		p := &e.w[w]
 		e.mu.Lock()
 		for i, start := range [2]int64{x, x - size} {
-			if sl, ok := p.held(start, size); ok {
+			if par, ok := p.held(start, size); ok {
 				n := counts[w][i]
-				if l := sl.local.Load(); l < 0 && !t.wt && t.unsettled(counterRef{e: e, w: uint8(w), start: start}) {
+				if l := t.slotOf(e, w, par).local(); l < 0 && !t.wt && t.unsettled(counterRef{e: e, w: uint8(w), start: start}) {
 					// A take-back in a push not settled yet may be in the
 					// total read already, and local holds it until the
 					// settle: count it once at most, never twice.
 					n -= l
 				}
-				sl.synced.CompareAndSwap(unknown, n)
+				t.storeSynced(e, w, par, n, true)
 			}
 		}
 		e.mu.Unlock()
@@ -218,13 +218,12 @@ func (t *Table) Refund(key string, w int, now, v int64, unread bool) int64 {
 	}
 	e.mu.Lock() // refunds one at a time: each sees the others' take-backs
 	_, par := t.windowLocking(e, w, now, false)
-	sl := &e.w[w].slot[par]
 	take := v
 	if !t.track {
-		take = min(v, max(sl.view(), 0))
+		take = min(v, max(t.slotOf(e, w, par).view(), 0))
 	}
 	if take > 0 {
-		sl.add(-take)
+		t.addLocal(e, w, par, -take)
 	}
 	e.mu.Unlock()
 	t.touch(s, e)

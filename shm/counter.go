@@ -176,13 +176,13 @@ type View struct {
 // view after the addition.
 func (t *Table) Add(key string, w int, now, v int64) View {
 	s, e, excl := t.lock(key, now)
-	x, par := t.window(e, w, now)
-	p := &e.w[w]
-	p.slot[par].add(v)
-	t.touch(s, e)
-	size := t.sizeMS[w]
+	e.mu.Lock()
+	x, par := t.windowLocking(e, w, now, false)
+	t.addLocal(e, w, par, v)
 	vw := View{Start: x}
-	vw.Cur, vw.Prev = p.viewsAt(x, size, par)
+	vw.Cur, vw.Prev = t.viewsAt(e, w, x, par)
+	e.mu.Unlock()
+	t.touch(s, e)
 	s.unlock(excl)
 	return vw
 }
@@ -192,12 +192,12 @@ func (t *Table) Add(key string, w int, now, v int64) View {
 // by this node and the next sync reads it.
 func (t *Table) Peek(key string, w int, now int64) View {
 	s, e, excl := t.lock(key, now)
-	x, par := t.window(e, w, now)
-	t.touch(s, e)
-	p := &e.w[w]
-	size := t.sizeMS[w]
+	e.mu.Lock()
+	x, par := t.windowLocking(e, w, now, false)
 	vw := View{Start: x}
-	vw.Cur, vw.Prev = p.viewsAt(x, size, par)
+	vw.Cur, vw.Prev = t.viewsAt(e, w, x, par)
+	e.mu.Unlock()
+	t.touch(s, e)
 	s.unlock(excl)
 	return vw
 }
@@ -207,19 +207,22 @@ func (t *Table) Peek(key string, w int, now int64) View {
 // b with Ack or Release.
 func (t *Table) AddPending(key string, w int, now, v int64, b *Batch) View {
 	s, e, excl := t.lock(key, now)
-	x, _ := t.window(e, w, now)
+	e.mu.Lock()
+	x, _ := t.windowLocking(e, w, now, false)
 	p := &e.w[w]
 	size := t.sizeMS[w]
-	e.mu.Lock()
-	if _, ok := p.held(x, size); !ok {
+	par, ok := p.held(x, size)
+	if !ok {
 		x = p.latest.Load() // rotated past x since window(): count in the newest
+		par = parity(x, size)
 	}
-	p.slot[parity(x, size)].add(v)
+	t.addLocal(e, w, par, v)
 	t.addDiff(b, counterRef{e: e, w: uint8(w), start: x}, e.key(), v)
+	vw := View{Start: x}
+	vw.Cur, vw.Prev = t.viewsAt(e, w, x, par)
 	e.mu.Unlock()
 	t.addRead(b, counterRef{e: e, w: uint8(w), start: x - size}, e.key())
 	t.touch(s, e)
-	vw := View{Start: x, Cur: p.view(x, size), Prev: p.view(x-size, size)}
 	s.unlock(excl)
 	return vw
 }
@@ -236,7 +239,7 @@ func (t *Table) PeekReads(key string, w int, now int64, b *Batch) View {
 	t.touch(s, e)
 	vw := View{Start: x}
 	e.mu.Lock()
-	vw.Cur, vw.Prev = e.w[w].viewsAt(x, size, par)
+	vw.Cur, vw.Prev = t.viewsAt(e, w, x, par)
 	e.mu.Unlock()
 	s.unlock(excl)
 	return vw
@@ -261,14 +264,14 @@ func (t *Table) ViewAt(key string, w int, x int64) (v View, learned [2]bool, bey
 	if e == nil {
 		return v, learned, beyond
 	}
-	size, p := t.sizeMS[w], &e.w[w]
+	size := t.sizeMS[w]
 	e.mu.Lock()
 	for k, n := range [2]*int64{&v.Cur, &v.Prev} {
 		start := x - int64(k)*size
-		if sl, ok := p.held(start, size); ok {
+		if sl, ok := t.heldSlot(e, w, start); ok {
 			*n = sl.view()
-			learned[k] = sl.synced.Load() != unknown
-			beyond[k] = sl.local.Load() - t.pendNeg(counterRef{e: e, w: uint8(w), start: start})
+			learned[k] = sl.synced() != unknown
+			beyond[k] = sl.local() - t.pendNeg(counterRef{e: e, w: uint8(w), start: start})
 		}
 	}
 	e.mu.Unlock()
@@ -293,12 +296,12 @@ func (t *Table) TakeBackPending(key string, w int, now, start, v int64, b *Batch
 		e.rotate(t, w, start) // re-created since the count (see takeBackLocked)
 	}
 	ref := counterRef{e: e, w: uint8(w), start: start}
-	sl, ok := e.w[w].held(start, t.sizeMS[w])
+	par, ok := e.w[w].held(start, t.sizeMS[w])
 	if !ok {
 		t.adjustRetired(ref, -v)
 		return false
 	}
-	sl.add(-v)
+	t.addLocal(e, w, par, -v)
 	t.addDiff(b, ref, e.key(), -v)
 	return true
 }
@@ -340,12 +343,11 @@ func (t *Table) addWindowsLocked(e *entry, now int64, mask uint8, v [2]int64, pe
 		if mask&(1<<w) == 0 {
 			continue
 		}
-		x, par, p := out[w].Start, pars[w], &e.w[w]
+		x, par := out[w].Start, pars[w]
 		if !peek {
-			p.slot[par].add(v[w])
+			t.addLocal(e, w, par, v[w])
 		}
-		size := t.sizeMS[w]
-		out[w].Cur, out[w].Prev = p.viewsAt(x, size, par)
+		out[w].Cur, out[w].Prev = t.viewsAt(e, w, x, par)
 	}
 	return out
 }
@@ -391,8 +393,8 @@ func (t *Table) takeBackLocked(e *entry, mask uint8, starts, v [2]int64) {
 			// swallow it, leaving the rejected hit counted.
 			e.rotate(t, w, starts[w])
 		}
-		if s, ok := e.w[w].held(starts[w], t.sizeMS[w]); ok {
-			s.add(-v[w])
+		if par, ok := e.w[w].held(starts[w], t.sizeMS[w]); ok {
+			t.addLocal(e, w, par, -v[w])
 		} else {
 			t.adjustRetired(counterRef{e: e, w: uint8(w), start: starts[w]}, -v[w])
 		}

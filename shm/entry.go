@@ -12,7 +12,7 @@ import (
 // noWindow marks a window pair that has not held any window yet.
 const noWindow = math.MinInt64
 
-// unknown marks a slot's synced count before this node learned the store's
+// unknown marks a window's synced count before this node learned the store's
 // total for the window; it reads as 0.
 const unknown = math.MinInt64
 
@@ -36,28 +36,50 @@ const (
 	// watch skipped (the key was not held then): the next Collect reads the
 	// entry's windows again (see LoadColdSince).
 	flagReread
+	// flagWide: some count of the entry left the range of its 32-bit
+	// slots; its counts live in 64-bit slots (Table.wides) from then on.
+	flagWide
 )
 
-// poison is what a window's local count becomes when its entry leaves the
-// table (retireAll swaps it in). A lock-free addition (addOpenFast) that
-// lands on it sees a result near poison: its hit was not in the swapped
-// count, so it takes it back and counts it again through the locked path.
-// Legitimate counts stay within ±(maxLocal + 2^53), far from it.
-const poison = math.MinInt64 / 2
+// An entry's counts are 32-bit (nslot), which keeps an entry in 96 bytes.
+// A count that would leave their range moves the entry's counts to 64-bit
+// slots (wslot, see Table.widen), under its lock, for good. The bounds:
+//
+//   - a narrow local count stays within ±narrowLocal once every addition
+//     in flight has settled: an addition whose result is past the bound
+//     takes itself back (a lock-free one, of at most maxFast, then goes to
+//     the locked path), and the locked path widens the entry; a locked
+//     addition adds at most narrowLocal, so no sum wraps around;
+//   - a narrow synced count holds a store total within ±narrowSynced, or
+//     unknown32;
+//   - poison32 is what a narrow local count becomes when the entry leaves
+//     the table (retireAll) or goes wide (widen). A lock-free addition that
+//     lands on it sees a result below -2^30: its hit was not in the swapped
+//     count, so it takes it back and counts it again through the locked
+//     path. Legitimate counts stay above -2^30 as long as fewer than 2^17
+//     lock-free additions are in flight at once, and the poison, drifting
+//     by the additions in flight, stays below it.
+const (
+	maxFast      = 1 << 12
+	narrowLocal  = 1 << 29
+	narrowSynced = 1 << 30
+	poison32     = -(1<<30 + 1<<29)
+	unknown32    = math.MinInt32
+)
 
-// poisoned reports whether a local count read or returned by an addition
-// is a retired window's poison (with lock-free additions that landed on it
-// since and are being taken back).
-func poisoned(n int64) bool { return n < poison/2 }
+// poisoned reports whether a narrow local count read or returned by an
+// addition is poison (with lock-free additions that landed on it since and
+// are being taken back).
+func poisoned(n int32) bool { return n < -(1 << 30) }
 
 // The flags' upper bits record which windows of the entry the current watch
 // cycle pushed a diff for (see Table.Watches): their totals came back with
 // the push, so a full read in the same cycle need not read them again. Bits
 // markShift.. are one bit per window slot (size index × 2 + parity), bits
-// cycleShift.. the cycle's number, modulo 2^20.
+// cycleShift.. the cycle's number, modulo 2^19.
 const (
-	markShift  = 8
-	cycleShift = 12
+	markShift  = 9
+	cycleShift = 13
 	markBits   = uint32(0xf) << markShift
 )
 
@@ -100,7 +122,7 @@ func (e *entry) diffed(cycle uint32, bit uint32) bool {
 	return f>>cycleShift == cycle && f&(bit<<markShift) != 0
 }
 
-// slot is one window's counts on this node.
+// nslot is one window's counts on this node, narrow (see maxFast):
 //
 //   - local: the hits counted here in the window that the store has not
 //     confirmed yet (waiting for a push, or in one);
@@ -111,10 +133,20 @@ func (e *entry) diffed(cycle uint32, bit uint32) bool {
 // the store's total (which now has the pushed hits) becomes synced first,
 // then the pushed hits leave local: in between, a reader counts them twice,
 // never zero times.
-type slot struct {
+type nslot struct {
+	local  atomic.Int32
+	synced atomic.Int32
+}
+
+// wslot is nslot with 64-bit counts, for an entry gone wide. Lock-free
+// additions never reach it: it is read and written under the entry's lock.
+type wslot struct {
 	local  atomic.Int64
 	synced atomic.Int64
 }
+
+// wide is a wide entry's counts, by size index and slot.
+type wide [2][2]wslot
 
 // maxLocal bounds the magnitude of a window's count on one node: an addition
 // that takes it further saturates at ±maxLocal instead of wrapping around
@@ -122,42 +154,6 @@ type slot struct {
 // and a limit would then admit everything). With a store that saturates its
 // totals at ±strategy.MaxTotal, a node's view of a window never overflows.
 const maxLocal = 1 << 60
-
-// add adds v to the local count, saturating at ±maxLocal. The common case is
-// one atomic add and a comparison.
-func (s *slot) add(v int64) {
-	if n := s.local.Add(v); n > maxLocal || n < -maxLocal {
-		s.clamp()
-	}
-}
-
-// addView is add followed by view, for a caller that holds the entry's
-// lock (no retirement can swap poison in): the addition's result stands
-// for view's first load of local.
-func (s *slot) addView(v int64) int64 {
-	n := s.local.Add(v)
-	if n > maxLocal || n < -maxLocal {
-		s.clamp()
-		n = min(max(n, -maxLocal), maxLocal)
-	}
-	return s.viewFrom(n)
-}
-
-// clamp brings a local count that went past ±maxLocal back to the bound.
-// It leaves a poisoned count alone: clamping it would revive a retired
-// window.
-func (s *slot) clamp() {
-	for {
-		n := s.local.Load()
-		if poisoned(n) {
-			return
-		}
-		c := min(max(n, -maxLocal), maxLocal)
-		if c == n || s.local.CompareAndSwap(n, c) {
-			return
-		}
-	}
-}
 
 // testHookView, when set (by tests), runs between view's two loads.
 var testHookView func()
@@ -173,7 +169,7 @@ var testHookView func()
 //   - a push that took hits back (d < 0, a refund) raises local, then
 //     lowers synced: a synced that lost them is read before the second load
 //     of local, which has them back.
-func (s *slot) view() int64 {
+func (s *nslot) view() int64 {
 	l := s.local.Load()
 	if testHookView != nil {
 		testHookView()
@@ -182,9 +178,94 @@ func (s *slot) view() int64 {
 }
 
 // viewFrom is view for a caller that loaded local (or had it returned by
-// an addition) as l: it loads synced, then local again.
-func (s *slot) viewFrom(l int64) int64 {
-	return known(s.synced.Load()) + max(l, s.local.Load())
+// an addition) as l: it loads synced, then local again. Poison, never the
+// larger local, is left out.
+func (s *nslot) viewFrom(l int32) int64 {
+	return known32(s.synced.Load()) + int64(max(l, s.local.Load()))
+}
+
+// known32 returns a narrow synced count, 0 while unknown.
+func known32(sy int32) int64 {
+	if sy == unknown32 {
+		return 0
+	}
+	return int64(sy)
+}
+
+// fitsNarrow reports whether a local count n stays narrow.
+func fitsNarrow(n int64) bool { return n >= -narrowLocal && n <= narrowLocal }
+
+// addView adds v (|v| <= narrowLocal: with the count in range, the sum
+// cannot wrap) to a narrow slot of a live entry whose lock the caller holds and returns the view after, or reports false
+// (having added nothing) when the result would leave the narrow range:
+// the caller then widens the entry.
+func (s *nslot) addView(v int64) (int64, bool) {
+	n := s.local.Add(int32(v))
+	if !fitsNarrow(int64(n)) {
+		s.local.Add(-int32(v))
+		return 0, false
+	}
+	return s.viewFrom(n), true
+}
+
+// cnt is one window slot's counts, narrow or wide, for a caller that holds
+// the entry's lock (see Table.slotOf). Exactly one of n and x is set.
+type cnt struct {
+	n *nslot
+	x *wslot
+}
+
+// local returns the slot's local count.
+func (c cnt) local() int64 {
+	if c.x != nil {
+		return c.x.local.Load()
+	}
+	return int64(c.n.local.Load())
+}
+
+// synced returns the slot's synced count, unknown while unknown.
+func (c cnt) synced() int64 {
+	if c.x != nil {
+		return c.x.synced.Load()
+	}
+	if sy := c.n.synced.Load(); sy != unknown32 {
+		return int64(sy)
+	}
+	return unknown
+}
+
+// view returns synced + local (see nslot.view).
+func (c cnt) view() int64 {
+	if c.x == nil {
+		return c.n.view()
+	}
+	l := c.x.local.Load()
+	if testHookView != nil {
+		testHookView()
+	}
+	return known(c.x.synced.Load()) + max(l, c.x.local.Load())
+}
+
+// reset empties the slot for a new window and returns the local count it
+// held. A wide entry's narrow slot keeps its poison.
+func (c cnt) reset() int64 {
+	if c.x != nil {
+		c.x.synced.Store(unknown)
+		return c.x.local.Swap(0)
+	}
+	// A hit racing with this reset lands in the new window: counted,
+	// never lost.
+	l := c.n.local.Swap(0)
+	c.n.synced.Store(unknown32)
+	return int64(l)
+}
+
+// wideAdd adds v to a wide slot's local count, saturating at ±maxLocal.
+func (x *wslot) add(v int64) {
+	n := x.local.Add(v)
+	if n > maxLocal || n < -maxLocal {
+		x.local.Store(min(max(n, -maxLocal), maxLocal))
+	}
 }
 
 // pair holds the current and previous window of one size. The window starting
@@ -192,21 +273,21 @@ func (s *slot) viewFrom(l int64) int64 {
 // slot of the window that just became too old to matter.
 type pair struct {
 	latest atomic.Int64 // start of the newest window held, or noWindow
-	slot   [2]slot
+	slot   [2]nslot
 }
 
 // inlineKey is the longest key an entry holds in its own memory.
 const inlineKey = 27
 
 // entry is one key's counters for up to two window sizes. Its size is part of
-// the memory budget: 128 bytes, two cache lines (the allocator's 128-byte
-// class keeps it aligned to them), checked by a test. A key of up to inlineKey
-// bytes is stored inside the entry, so a lookup reads the key's bytes from the
-// cache line it already reads, instead of from a separate allocation (a cache
-// miss of its own in a large table). A longer key is a separate copy that
-// long points to, its length in the first bytes of buf: no string header
-// is kept, which leaves 27 bytes inline, room for a policy rule's prefix
-// before most client keys.
+// the memory budget: 96 bytes (the allocator's 96-byte class), checked by a
+// test; its counts are 32-bit until one leaves their range (see maxFast). A
+// key of up to inlineKey bytes is stored inside the entry, so a lookup reads
+// the key's bytes from the cache line it already reads, instead of from a
+// separate allocation (a cache miss of its own in a large table). A longer
+// key is a separate copy that long points to, its length in the first bytes
+// of buf: no string header is kept, which leaves 27 bytes inline, room for a
+// policy rule's prefix before most client keys.
 type entry struct {
 	long  *byte // a longer key's bytes, or nil
 	flags atomic.Uint32
@@ -231,7 +312,7 @@ func newEntry(key string) *entry {
 	for w := range e.w {
 		e.w[w].latest.Store(noWindow)
 		for i := range e.w[w].slot {
-			e.w[w].slot[i].synced.Store(unknown)
+			e.w[w].slot[i].synced.Store(unknown32)
 		}
 	}
 	return e
@@ -252,36 +333,128 @@ func parity(start, size int64) int {
 	return int((start / size) & 1)
 }
 
-// held reports whether the pair holds the window starting at x, and its slot.
-func (p *pair) held(x, size int64) (*slot, bool) {
+// held reports whether the pair holds the window starting at x, and its slot
+// index.
+func (p *pair) held(x, size int64) (int, bool) {
 	lat := p.latest.Load()
 	if lat == noWindow || (x != lat && x != lat-size) {
-		return nil, false
+		return 0, false
 	}
-	return &p.slot[parity(x, size)], true
+	return parity(x, size), true
 }
 
-// view returns the node's count for the window starting at x, 0 if not held.
-func (p *pair) view(x, size int64) int64 {
-	if s, ok := p.held(x, size); ok {
-		return s.view()
+// slotOf returns the counts of e's slot par of size index w. The caller
+// holds e.mu (a narrow entry may go wide otherwise).
+func (t *Table) slotOf(e *entry, w, par int) cnt {
+	if e.flags.Load()&flagWide != 0 {
+		return cnt{x: &t.wideOf(e)[w][par]}
 	}
-	return 0
+	return cnt{n: &e.w[w].slot[par]}
 }
 
-// viewsAt returns the node's counts for the window starting at x, whose
-// parity the caller knows (no division), and for the one before it: 0 for
-// a window not held. One load of latest serves both.
-func (p *pair) viewsAt(x, size int64, par int) (cur, prev int64) {
+// heldSlot is held with the slot's counts. The caller holds e.mu.
+func (t *Table) heldSlot(e *entry, w int, x int64) (cnt, bool) {
+	par, ok := e.w[w].held(x, t.sizeMS[w])
+	if !ok {
+		return cnt{}, false
+	}
+	return t.slotOf(e, w, par), true
+}
+
+// wideOf returns a wide entry's counts. A dead entry's were dropped with it:
+// it gets a throwaway (nothing reads a dead entry's counts).
+func (t *Table) wideOf(e *entry) *wide {
+	if x, ok := t.wides.Load(e); ok {
+		return x.(*wide)
+	}
+	return new(wide)
+}
+
+// widen moves e's counts to 64-bit slots. The caller holds e.mu, and e is
+// live. Each narrow local count is swapped for poison: a lock-free addition
+// either came before and moves with it, or sees the poison and counts again
+// through the locked path, which finds the entry wide. The narrow synced
+// counts stay as they were: a lock-free view that read a local from before
+// the swap reads them as they were then.
+func (t *Table) widen(e *entry) {
+	if e.flags.Load()&flagWide != 0 {
+		return
+	}
+	x := new(wide)
+	for w := range e.w {
+		for i := range e.w[w].slot {
+			n := &e.w[w].slot[i]
+			sy := int64(n.synced.Load())
+			if sy == unknown32 {
+				sy = unknown
+			}
+			x[w][i].synced.Store(sy)
+		}
+	}
+	t.wides.Store(e, x)
+	for w := range e.w {
+		for i := range e.w[w].slot {
+			x[w][i].local.Store(int64(e.w[w].slot[i].local.Swap(poison32)))
+		}
+	}
+	e.flags.Or(flagWide)
+	t.widened.Add(1)
+}
+
+// addLocal adds v to the local count of e's slot par of size index w,
+// widening e when the narrow count cannot hold the result, and returns the
+// slot's counts. The caller holds e.mu, and e is live.
+func (t *Table) addLocal(e *entry, w, par int, v int64) cnt {
+	c := t.slotOf(e, w, par)
+	if c.n != nil {
+		if fitsNarrow(v) {
+			n := c.n.local.Add(int32(v))
+			if fitsNarrow(int64(n)) {
+				return c
+			}
+			c.n.local.Add(-int32(v))
+		}
+		t.widen(e)
+		c = t.slotOf(e, w, par)
+	}
+	c.x.add(v)
+	return c
+}
+
+// storeSynced stores total as the synced count of e's slot par of size
+// index w, widening e when a narrow count cannot hold it. With ifUnknown, it
+// stores only over an unknown count. The caller holds e.mu, and e is live.
+func (t *Table) storeSynced(e *entry, w, par int, total int64, ifUnknown bool) {
+	c := t.slotOf(e, w, par)
+	if c.n != nil && (total < -narrowSynced || total > narrowSynced) {
+		t.widen(e)
+		c = t.slotOf(e, w, par)
+	}
+	if ifUnknown && c.synced() != unknown {
+		return
+	}
+	if c.x != nil {
+		c.x.synced.Store(total)
+	} else {
+		c.n.synced.Store(int32(total))
+	}
+}
+
+// viewsAt returns the node's counts for the window of size index w starting
+// at x, whose parity the caller knows (no division), and for the one
+// before it: 0 for a window not held. One load of latest serves both. The
+// caller holds e.mu.
+func (t *Table) viewsAt(e *entry, w int, x int64, par int) (cur, prev int64) {
+	p, size := &e.w[w], t.sizeMS[w]
 	lat := p.latest.Load()
 	if lat == noWindow {
 		return 0, 0
 	}
 	if x == lat || x == lat-size {
-		cur = p.slot[par].view()
+		cur = t.slotOf(e, w, par).view()
 	}
 	if x-size == lat || x-size == lat-size {
-		prev = p.slot[par^1].view()
+		prev = t.slotOf(e, w, par^1).view()
 	}
 	return cur, prev
 }
@@ -297,7 +470,6 @@ func (e *entry) rotate(t *Table, w int, cur int64) {
 	}
 	if lat != noWindow {
 		for i := range p.slot {
-			s := &p.slot[i]
 			old := lat
 			if parity(lat, size) != i {
 				old = lat - size
@@ -309,10 +481,7 @@ func (e *entry) rotate(t *Table, w int, cur int64) {
 			if old == next {
 				continue
 			}
-			// A hit racing with this reset lands in the new window: counted,
-			// never lost.
-			l := s.local.Swap(0)
-			s.synced.Store(unknown)
+			l := t.slotOf(e, w, i).reset()
 			if ref := (counterRef{e: e, w: uint8(w), start: old}); l != 0 || t.unsettled(ref) {
 				// Even with l == 0, hits in a push in flight may have been
 				// taken back since: the record keeps the take-back for when
@@ -326,8 +495,8 @@ func (e *entry) rotate(t *Table, w int, cur int64) {
 }
 
 // eachHeld calls fn for each window e holds (the newest and the one before it, of
-// each size), with its slot. The caller holds e.mu.
-func (e *entry) eachHeld(t *Table, fn func(w int, start int64, s *slot)) {
+// each size), with its slot index. The caller holds e.mu.
+func (e *entry) eachHeld(t *Table, fn func(w int, start int64, par int)) {
 	for w := range t.n {
 		p := &e.w[w]
 		lat := p.latest.Load()
@@ -336,7 +505,7 @@ func (e *entry) eachHeld(t *Table, fn func(w int, start int64, s *slot)) {
 		}
 		size := t.sizeMS[w]
 		for _, x := range [2]int64{lat, lat - size} {
-			fn(w, x, &p.slot[parity(x, size)])
+			fn(w, x, parity(x, size))
 		}
 	}
 }
@@ -350,14 +519,24 @@ func (e *entry) retire(t *Table) {
 
 // retireAll moves every unconfirmed window of e to the retired records and
 // marks e dead. The caller holds e.mu and is removing e from its shard (a
-// lock-free reader may still hold it). Each local count is swapped for
-// poison, the newest window of a size before the one before it: an
+// lock-free reader may still hold it). Each narrow local count is swapped
+// for poison, the newest window of a size before the one before it: an
 // addition made without the lock either came first and is in the record, or
-// sees poison and is counted again elsewhere (see addOpenFast).
+// sees poison and is counted again elsewhere (see addOpenFast). A wide
+// entry's narrow counts are poison already, and its wide ones are dropped.
 func (e *entry) retireAll(t *Table) {
-	e.eachHeld(t, func(w int, x int64, s *slot) {
-		l := s.local.Swap(poison)
-		if ref := (counterRef{e: e, w: uint8(w), start: x}); l != 0 || t.unsettled(ref) {
+	isWide := e.flags.Load()&flagWide != 0
+	var x *wide
+	if isWide {
+		x = t.wideOf(e)
+		t.wides.Delete(e)
+	}
+	e.eachHeld(t, func(w int, start int64, par int) {
+		l := int64(e.w[w].slot[par].local.Swap(poison32))
+		if isWide {
+			l = x[w][par].local.Swap(0)
+		}
+		if ref := (counterRef{e: e, w: uint8(w), start: start}); l != 0 || t.unsettled(ref) {
 			t.retire(ref, l, 0)
 		}
 	})

@@ -2,13 +2,6 @@ package shm
 
 import "hash/maphash"
 
-// maxFast bounds the value a lock-free addition (addOpenFast) adds: larger
-// ones take the locked path. Additions that land on a retired window's
-// poison are taken back at once, so the poison drifts by at most the
-// additions in flight, each under maxFast: it stays far from any
-// legitimate count.
-const maxFast = 1 << 32
-
 // testHookFast, when set (by tests), runs in addOpenFast just before the
 // addition.
 var testHookFast func()
@@ -17,7 +10,8 @@ var testHookFast func()
 // only counts (no judge): it adds v to key's window at now and returns the
 // view after it. A key held, in a window already open, is counted without
 // the shard's lock (see addOpenFast); anything else (a new key, a new
-// window, a value over 2^32) takes AddWindowsOpen's path. held and open are
+// window, a value over maxFast, a count leaving the narrow range) takes
+// AddWindowsOpen's path. held and open are
 // AddWindowsOpen's.
 func (t *Table) AddOpen(key string, w int, now, v int64, ifHeld, sealable bool) (vw View, held, open bool) {
 	if !sealable || !t.sealed.Load() {
@@ -33,7 +27,9 @@ func (t *Table) AddOpen(key string, w int, now, v int64, ifHeld, sealable bool) 
 // locking the shard, and reports false (having counted nothing) when it
 // cannot: the key is not found, its entry is dead or was created after
 // Seal, now is in a window the entry has not opened yet (rotating needs
-// the entry's lock), or |v| > maxFast.
+// the entry's lock), |v| > maxFast, or the count would leave the narrow
+// range (the locked path widens the entry; a wide entry's narrow counts
+// are poison, so it always goes there).
 //
 // Without the shard's lock, the entry may leave the table (evicted,
 // expired, or taken by Seal) while the addition is made. retireAll swaps
@@ -63,14 +59,13 @@ func (t *Table) addOpenFast(key string, w int, now, v int64) (View, bool) {
 	if testHookFast != nil {
 		testHookFast()
 	}
-	n := cur.local.Add(v)
-	if poisoned(n) {
-		cur.local.Add(-v)
+	n := cur.local.Add(int32(v))
+	if poisoned(n) || !fitsNarrow(int64(n)) {
+		cur.local.Add(-int32(v))
 		return View{}, false
 	}
-	if n > maxLocal || n < -maxLocal {
-		cur.clamp()
-		n = min(max(n, -maxLocal), maxLocal)
+	if testHookView != nil {
+		testHookView() // between the view's two loads (see nslot.view)
 	}
 	// Poison, retired since the addition, is never the larger local.
 	vw := View{Start: x, Cur: cur.viewFrom(n)}
@@ -107,7 +102,7 @@ func (t *Table) findFast(key string, w int, now int64) (s *shard, e *entry, x in
 	return s, e, x, par, true
 }
 
-// known returns a synced count, 0 while unknown.
+// known returns a wide synced count, 0 while unknown.
 func known(sy int64) int64 {
 	if sy == unknown {
 		return 0
@@ -167,16 +162,29 @@ func (t *Table) addWindowsFast(key string, now int64, mask uint8, v [2]int64, pe
 	// the windows found above and the entry's lock held, the window counted
 	// in is the newest and the one before it sits in the other slot, so
 	// neither needs finding again (12% of a hot Allow, measured).
+	narrow := e.flags.Load()&flagWide == 0 && fitsNarrow(v[0]) && fitsNarrow(v[1])
 	for w := range t.n {
 		if mask&(1<<w) == 0 {
 			continue
 		}
-		p, par := &e.w[w], pars[w]
+		par := pars[w]
+		if !narrow {
+			// A wide entry, or a large value: the general counting.
+			if !peek {
+				t.addLocal(e, w, par, v[w])
+			}
+			out[w].Cur, out[w].Prev = t.viewsAt(e, w, out[w].Start, par)
+			continue
+		}
+		p := &e.w[w]
 		out[w].Prev = p.slot[par^1].view()
 		if peek {
 			out[w].Cur = p.slot[par].view()
+		} else if c, ok := p.slot[par].addView(v[w]); ok {
+			out[w].Cur = c
 		} else {
-			out[w].Cur = p.slot[par].addView(v[w])
+			out[w].Cur = t.addLocal(e, w, par, v[w]).view() // widens e
+			narrow = false
 		}
 	}
 	ok = judge == nil || judge(out)

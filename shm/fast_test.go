@@ -114,17 +114,6 @@ func TestAddOpenRacingSeal(t *testing.T) {
 	require.Equal(t, int64(4), hits)
 }
 
-// TestClampLeavesPoison: saturating a count never revives a retired window.
-func TestClampLeavesPoison(t *testing.T) {
-	var s slot
-	s.local.Store(poison + 5)
-	s.clamp()
-	require.Equal(t, int64(poison+5), s.local.Load())
-	s.local.Store(maxLocal + 5)
-	s.clamp()
-	require.Equal(t, int64(maxLocal), s.local.Load())
-}
-
 // TestLockFreeAddsExactUnderEvictionAndSeal races lock-free additions, and
 // judged calls (at most 6 a window) on the locked path, with evictions (64
 // entries for 200 keys), rotations, syncs and, midway, Seal; then checks

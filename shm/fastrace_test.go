@@ -82,6 +82,18 @@ func rfCases(t *testing.T) []rfCase {
 			return 0
 		}})
 	}
+	// A locked addition widens the entry (its count leaves the narrow
+	// range) between the lock-free addition's lookup and its add: the add
+	// lands on the narrow count's poison and is counted again locked.
+	cases = append(cases, rfCase{name: "widen", v: 1, race: func(tb *Table, _ *memory.Store) int64 {
+		tb.Add("k", 0, now, narrowLocal)
+		return narrowLocal
+	}})
+	cases = append(cases, rfCase{name: "widen-then-evict", v: 1, race: func(tb *Table, _ *memory.Store) int64 {
+		tb.Add("k", 0, now, -narrowLocal-1)
+		dropKey(tb, "k")
+		return -narrowLocal - 1
+	}})
 	cases = append(cases, rfCase{name: "resize-and-backward-shift", v: 1, race: func(tb *Table, _ *memory.Store) int64 {
 		// Fill k's shard past its size (resizes) and cap (evictions, which
 		// backward-shift k's entry or take it).

@@ -50,11 +50,13 @@ func TestViewDuringNegativeAck(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { testHookView = nil })
-	// B: counted, then judged on the view Add returns, which reads the
-	// slot without the entry's lock (a judged call's own view holds it
-	// now, so no push settles inside it). Old view: local 1, loaded, then
-	// synced 0: view 1, admitted.
-	if vw := tb.Add("k", 0, now, 1); vw.Cur <= limit {
+	// B: counted, then judged on the view a lock-free addition returns,
+	// which reads the slot without the entry's lock (a judged call's own
+	// view holds it, so no push settles inside it). Old view: local 1,
+	// loaded, then synced 0: view 1, admitted.
+	vw, _, _ := tb.AddOpen("k", 0, now, 1, false, false)
+	require.False(t, armed, "the lock-free view ran the hook")
+	if vw.Cur <= limit {
 		admitted++
 	} else {
 		tb.Add("k", 0, now, -1)

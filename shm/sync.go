@@ -156,14 +156,14 @@ func (t *Table) unpend(ref counterRef, d int64) {
 }
 
 // worthReading reports whether a sync should read the window starting at x
-// (held in s) of size size, when now falls in the window starting at cur: the
+// (held in c) of size size, when now falls in the window starting at cur: the
 // current window always; the previous one until it has settled, or while this
 // node has not learned its total.
-func (t *Table) worthReading(x, now, cur, size int64, s *slot) bool {
+func (t *Table) worthReading(x, now, cur, size int64, c cnt) bool {
 	if x >= cur {
 		return true
 	}
-	return x == cur-size && (t.settle == 0 || now-cur < t.settle || s.synced.Load() == unknown)
+	return x == cur-size && (t.settle == 0 || now-cur < t.settle || c.synced() == unknown)
 }
 
 func (t *Table) addRead(b *Batch, ref counterRef, key string) {
@@ -434,8 +434,8 @@ func (t *Table) collectEntry(e *entry, c *collector) (expired bool) {
 			expired = false
 		}
 		par0, par1 := heldParities(lat, size)
-		t.collectSlot(e, c, w, lat, &p.slot[par0], true)
-		t.collectSlot(e, c, w, lat-size, &p.slot[par1], false)
+		t.collectSlot(e, c, w, lat, t.slotOf(e, w, par0), true)
+		t.collectSlot(e, c, w, lat-size, t.slotOf(e, w, par1), false)
 	}
 	if c.reads && e.flags.Load()&flagReread != 0 {
 		e.flags.And(^flagReread) // read (or diffed) in this push
@@ -448,12 +448,12 @@ func (t *Table) collectEntry(e *entry, c *collector) (expired bool) {
 }
 
 // collectSlot is collectEntry for the held window of size index w starting at
-// x, with slot s; newest tells whether x is the newest window e holds. The
+// x, with counts s; newest tells whether x is the newest window e holds. The
 // caller holds e.mu.
-func (t *Table) collectSlot(e *entry, c *collector, w int, x int64, s *slot, newest bool) {
+func (t *Table) collectSlot(e *entry, c *collector, w int, x int64, s cnt, newest bool) {
 	ref := counterRef{e: e, w: uint8(w), start: x}
 	size, cur := t.sizeMS[w], c.cur[w]
-	d := s.local.Load()
+	d := s.local()
 	if t.wt {
 		d -= t.pend(ref)
 	}
@@ -473,14 +473,14 @@ func (t *Table) collectSlot(e *entry, c *collector, w int, x int64, s *slot, new
 		// And a window a cold read loaded from before a change a watch
 		// skipped (flagReread).
 		if (t.fullReading(w, x) && !e.diffed(t.cycle, bit)) ||
-			((s.synced.Load() == unknown || e.flags.Load()&flagReread != 0) && t.worthReading(x, c.now, cur, size, s)) {
+			((s.synced() == unknown || e.flags.Load()&flagReread != 0) && t.worthReading(x, c.now, cur, size, s)) {
 			t.addRead(c.b, ref, e.key())
 		}
 	case t.worthReading(x, c.now, cur, size, s):
 		t.addRead(c.b, ref, e.key())
 	}
 	if c.reads && t.readAhead > 0 && newest && x >= cur && c.now >= x+size-t.readAhead &&
-		(!t.watch || t.fullReading(w, x+size) || e.flags.Load()&flagReread != 0 || s.synced.Load() == unknown) {
+		(!t.watch || t.fullReading(w, x+size) || e.flags.Load()&flagReread != 0 || s.synced() == unknown) {
 		// (Under watches: a full read's, and a key new here, whose next
 		// window the watches may have listed before it was held.)
 		// The window after the newest held: hits there mean other
@@ -516,18 +516,20 @@ func (t *Table) Ack(b *Batch, res strategy.Result) {
 func (t *Table) ack(ref *counterRef, d, total int64) {
 	e := ref.e
 	if e.flags.Load()&flagDead == 0 {
-		if s, ok := e.w[ref.w].held(ref.start, t.sizeMS[ref.w]); ok {
+		if par, ok := e.w[ref.w].held(ref.start, t.sizeMS[ref.w]); ok {
 			if t.wt {
 				t.unpend(*ref, d)
 			}
 			// The count that grows first, so a view spanning the two
 			// counts the moved hits twice, never zero times (see view).
+			// (A total a narrow count cannot hold widens e first.)
+			w := int(ref.w)
 			if d >= 0 {
-				s.synced.Store(total)
-				s.local.Add(-d)
+				t.storeSynced(e, w, par, total, false)
+				t.addLocal(e, w, par, -d)
 			} else {
-				s.local.Add(-d)
-				s.synced.Store(total)
+				t.addLocal(e, w, par, -d)
+				t.storeSynced(e, w, par, total, false)
 			}
 			return
 		}
@@ -562,8 +564,8 @@ func (t *Table) setSynced(ref *counterRef, total int64) {
 		// fully until this node's clock catches up.
 		e.rotate(t, int(ref.w), ref.start)
 	}
-	if s, ok := p.held(ref.start, t.sizeMS[ref.w]); ok {
-		s.synced.Store(total)
+	if par, ok := p.held(ref.start, t.sizeMS[ref.w]); ok {
+		t.storeSynced(e, int(ref.w), par, total, false)
 	}
 }
 
@@ -627,8 +629,8 @@ func (t *Table) Load(key string, w int, start, count, now int64, insert bool) {
 	if lat := p.latest.Load(); start > lat && start <= windowStart(now, size) {
 		e.rotate(t, w, start)
 	}
-	if sl, ok := p.held(start, size); ok {
-		sl.synced.Store(count)
+	if par, ok := p.held(start, size); ok {
+		t.storeSynced(e, w, par, count, false)
 	}
 }
 
@@ -650,7 +652,7 @@ func (t *Table) Pending() (hits int64, retired int) {
 		s.mu.RLock()
 		s.each(func(e *entry) {
 			e.mu.Lock()
-			e.eachHeld(t, func(_ int, _ int64, sl *slot) { hits += sl.local.Load() })
+			e.eachHeld(t, func(w int, _ int64, par int) { hits += t.slotOf(e, w, par).local() })
 			e.mu.Unlock()
 		})
 		s.mu.RUnlock()

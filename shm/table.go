@@ -135,6 +135,10 @@ type Table struct {
 
 	evictions atomic.Int64
 	sealed    atomic.Bool // see Seal
+	// wides holds the 64-bit counts of the entries gone wide (*entry to
+	// *wide; see widen), and widened counts them.
+	wides   sync.Map
+	widened atomic.Int64
 	// lastQ[w] is the number (start / size) of the window of size index w
 	// that the last call to windowOf found; see windowOf.
 	lastQ [2]atomic.Int64

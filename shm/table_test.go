@@ -27,10 +27,9 @@ func newTable(t testing.TB, opts Options) *Table {
 }
 
 func TestEntrySize(t *testing.T) {
-	// The memory budget (200 bytes per key with two window sizes) counts on
-	// this: an entry is one 128-byte allocation (a size class, two cache
-	// lines), which holds keys of up to inlineKey bytes.
-	require.Equal(t, uintptr(128), unsafe.Sizeof(entry{}))
+	// The memory budget counts on this: an entry is one 96-byte
+	// allocation (a size class), which holds keys of up to inlineKey bytes.
+	require.Equal(t, uintptr(96), unsafe.Sizeof(entry{}))
 }
 
 // TestEntryKeys stores keys around the inline length, and keys that differ

@@ -34,7 +34,7 @@ func TestViewDuringAck(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { testHookView = nil })
-	v := tb.Add("k", 0, now, 1)
+	v, _, _ := tb.AddOpen("k", 0, now, 1, false, false) // lock-free: its view holds no lock
 	require.False(t, armed, "the hook ran")
 	// Between Ack's two steps a view may count the pushed hits twice
 	// (conservative), never zero times.

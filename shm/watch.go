@@ -37,7 +37,7 @@ func (t *Table) Watches(now int64, dst []strategy.Watch) []strategy.Watch {
 	t.cycle = (t.cycle + 1) & (1<<(32-cycleShift) - 1) // a new cycle: see markDiff
 	if t.cycle == 0 {
 		// The cycle numbers start over: no entry may keep a mark of a
-		// cycle numbered as one to come (an idle key held 2^20 cycles
+		// cycle numbered as one to come (an idle key held 2^19 cycles
 		// would have its full read skipped).
 		t.clearMarks()
 	}
