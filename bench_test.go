@@ -165,7 +165,8 @@ func BenchmarkIncrement(b *testing.B) {
 // window sizes, over 1M keys.
 func BenchmarkMemoryPerKey(b *testing.B) {
 	// 13-byte keys, and 24-byte ones (an API key, a policy rule's prefix
-	// before a client key): both fit in an entry.
+	// before a client key): an entry holds its key's bytes, so longer keys
+	// take a larger allocation.
 	for _, format := range []string{"user:%08d", "sk_live_%016d"} {
 		name := fmt.Sprintf("key-%d-bytes", len(fmt.Sprintf(format, 0)))
 		b.Run(name, func(b *testing.B) { benchMemoryPerKey(b, format) })
@@ -197,8 +198,8 @@ func benchMemoryPerKey(b *testing.B, format string) {
 		if got := ns.Stats().TrackedKeys; got != n {
 			b.Fatalf("tracked %d keys, want %d", got, n)
 		}
-		// The key strings themselves are the caller's, counted here because
-		// the table clones them.
+		// The key strings themselves are the caller's (made before the
+		// first reading); the table's copies are inside its entries.
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "bytes/key")
 		runtime.KeepAlive(keys)
 		_ = reg.Close(ctx)

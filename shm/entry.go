@@ -1,9 +1,7 @@
 package shm
 
 import (
-	"encoding/binary"
 	"math"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -41,7 +39,8 @@ const (
 	flagWide
 )
 
-// An entry's counts are 32-bit (nslot), which keeps an entry in 96 bytes.
+// An entry's counts are 32-bit (nslot), which keeps an entry in 64 bytes
+// before its key.
 // A count that would leave their range moves the entry's counts to 64-bit
 // slots (wslot, see Table.widen), under its lock, for good. The bounds:
 //
@@ -276,38 +275,36 @@ type pair struct {
 	slot   [2]nslot
 }
 
-// inlineKey is the longest key an entry holds in its own memory.
-const inlineKey = 27
-
-// entry is one key's counters for up to two window sizes. Its size is part of
-// the memory budget: 96 bytes (the allocator's 96-byte class), checked by a
-// test; its counts are 32-bit until one leaves their range (see maxFast). A
-// key of up to inlineKey bytes is stored inside the entry, so a lookup reads
-// the key's bytes from the cache line it already reads, instead of from a
-// separate allocation (a cache miss of its own in a large table). A longer
-// key is a separate copy that long points to, its length in the first bytes
-// of buf: no string header is kept, which leaves 27 bytes inline, room for a
-// policy rule's prefix before most client keys.
+// entry is one key's counters for up to two window sizes, followed in the
+// same allocation by the key's bytes (see newEntry). Its size is part of the
+// memory budget: 64 bytes and the key, rounded up to the allocator's size
+// class (80 bytes for keys of 9 to 16 bytes), checked by a test; its counts
+// are 32-bit until one leaves their range (see maxFast). The key sits in
+// the entry's own memory, so a lookup reads its bytes from the entry it
+// already reads, instead of from a separate allocation (a cache miss of its
+// own in a large table). An entry holds no pointers: the allocation is
+// never scanned by the garbage collector.
 type entry struct {
-	long  *byte // a longer key's bytes, or nil
 	flags atomic.Uint32
+	klen  uint32     // the key's length
 	mu    sync.Mutex // rotation and sync bookkeeping; never taken by a plain increment
-	klen  uint8      // the key's length, or longKey (as a bucket's)
-	buf   [inlineKey]byte
 	w     [2]pair
 }
 
+// entryHeader is where an entry's key starts.
+const entryHeader = unsafe.Sizeof(entry{})
+
 // newEntry returns an entry for key with no window held. It copies key: the
-// caller's string may share a large buffer (a header, a body).
+// caller's string may share a large buffer (a header, a body). The entry and
+// the key's bytes are one allocation of words (entry has no pointers, and
+// its atomics need 8-byte alignment).
 func newEntry(key string) *entry {
-	e := &entry{}
-	if len(key) <= inlineKey {
-		// e.buf is never written again, so the key stays immutable.
-		e.klen = uint8(copy(e.buf[:], key))
-	} else {
-		e.long = unsafe.StringData(strings.Clone(key))
-		e.klen = longKey
-		binary.LittleEndian.PutUint32(e.buf[:], uint32(len(key)))
+	mem := make([]uint64, (int(entryHeader)+len(key)+7)/8)
+	e := (*entry)(unsafe.Pointer(unsafe.SliceData(mem)))
+	e.klen = uint32(len(key))
+	if len(key) > 0 {
+		// Never written again, so the key stays immutable.
+		copy(unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(e), entryHeader)), len(key)), key)
 	}
 	for w := range e.w {
 		e.w[w].latest.Store(noWindow)
@@ -320,13 +317,10 @@ func newEntry(key string) *entry {
 
 // key returns e's key, without copying it.
 func (e *entry) key() string {
-	switch e.klen {
-	case longKey:
-		return unsafe.String(e.long, int(binary.LittleEndian.Uint32(e.buf[:])))
-	case 0:
-		return ""
+	if e.klen == 0 {
+		return "" // (a pointer past the allocation's end is not valid)
 	}
-	return unsafe.String(&e.buf[0], int(e.klen))
+	return unsafe.String((*byte)(unsafe.Add(unsafe.Pointer(e), entryHeader)), int(e.klen))
 }
 
 func parity(start, size int64) int {

@@ -27,21 +27,28 @@ func newTable(t testing.TB, opts Options) *Table {
 }
 
 func TestEntrySize(t *testing.T) {
-	// The memory budget counts on this: an entry is one 96-byte
-	// allocation (a size class), which holds keys of up to inlineKey bytes.
-	require.Equal(t, uintptr(96), unsafe.Sizeof(entry{}))
+	// The memory budget counts on this: an entry is 64 bytes before its
+	// key, in one allocation (80 bytes with a 13-byte key), with no
+	// pointers for the garbage collector to scan.
+	require.Equal(t, uintptr(64), unsafe.Sizeof(entry{}))
+	for _, n := range []int{0, 1, 13, 24, 36, 1000} {
+		key := strings.Repeat("k", n)
+		var e *entry
+		allocs := testing.AllocsPerRun(10, func() { e = newEntry(key) })
+		require.Equal(t, 1.0, allocs, "one allocation, key included")
+		require.Equal(t, key, e.key())
+	}
 }
 
 // TestEntryKeys stores keys around the inline length, and keys that differ
 // only past it or in length: each is found as itself, and only as itself.
 func TestEntryKeys(t *testing.T) {
 	long := strings.Repeat("k", 100)
-	keys := []string{"", "a", strings.Repeat("x", inlineKey-1), strings.Repeat("x", inlineKey),
-		strings.Repeat("x", inlineKey+1), strings.Repeat("x", inlineKey) + "y", long, long[:99] + "j"}
+	keys := []string{"", "a", strings.Repeat("x", 7), strings.Repeat("x", 8),
+		strings.Repeat("x", 9), strings.Repeat("x", 8) + "y", long, long[:99] + "j"}
 	for _, k := range keys {
 		e := newEntry(k)
 		require.Equal(t, k, e.key())
-		require.Equal(t, len(k) > inlineKey, e.long != nil, "%q", k)
 		for _, o := range keys {
 			require.Equal(t, o == k, e.key() == o, "%q is %q", k, o)
 		}
