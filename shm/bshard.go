@@ -51,12 +51,15 @@ func (s *bshard) index(bk *bucket, tag uint32) uint32 {
 	return i
 }
 
+// minBucketSlots is the size of a bucket shard's first index.
+const minBucketSlots = 8
+
 // add puts bk, whose tag is tag, in s, growing it to keep the load at most
 // 7/8. The caller holds s.mu for writing.
 func (s *bshard) add(bk *bucket, tag uint32) {
 	if (s.n+1)*8 > len(s.slots)*7 {
 		old := s.slots
-		s.slots = make([]bslot, max(minSlots, 2*len(old)))
+		s.slots = make([]bslot, max(minBucketSlots, 2*len(old)))
 		for _, sl := range old {
 			if sl.tag != 0 {
 				s.place(sl)

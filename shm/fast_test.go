@@ -23,9 +23,9 @@ func dropKey(tb *Table, key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ix := s.ix.Load()
-	for i := range ix.slots {
-		if e := ix.slots[i].Load(); e != nil && e.key() == key {
-			tb.dropEntry(s, uint32(i))
+	for i := range ix.slots() {
+		if e := ix.slot(i).Load(); e != nil && e.key() == key {
+			tb.dropEntry(s, i)
 			return
 		}
 	}

@@ -43,9 +43,10 @@ func TestJudgedFastExpiredDropAfterJudgedCount(t *testing.T) {
 		name            string
 		maxKeys, filler int
 	}{
-		// MaxKeys 63: one shard; 8 slots hold 7 entries, the 8th grows it
-		// and dropExpired drops the expired ones first.
-		{"dropExpired", 63, 6},
+		// MaxKeys 63: one shard; its first index (14 slots) holds 12
+		// entries, the 13th grows it and dropExpired drops the expired
+		// ones first.
+		{"dropExpired", 63, 11},
 		// MaxKeys 4: one shard at its cap; makeRoom's hand takes the
 		// expired entry (the fillers are referenced, so spared a lap).
 		{"makeRoom", 4, 3},
@@ -133,9 +134,9 @@ func unreadRace(t *testing.T, find func(tb *Table, now int64) bool) {
 		tb.TakeBack("k", x+500, 1, [2]int64{x, 0}, [2]int64{1, 0})
 		s.mu.Lock() // evict "k" again
 		if ix := s.ix.Load(); ix != nil {
-			for i := range ix.slots {
-				if e := ix.slots[i].Load(); e != nil && e.key() == "k" {
-					tb.dropEntry(s, uint32(i))
+			for i := range ix.slots() {
+				if e := ix.slot(i).Load(); e != nil && e.key() == "k" {
+					tb.dropEntry(s, i)
 					break
 				}
 			}

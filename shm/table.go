@@ -177,38 +177,6 @@ type shard struct {
 	_ [64]byte // keep neighbouring shards' locks off one cache line
 }
 
-const minSlots = 8
-
-// index is a shard's open-addressing array: slots[i] holds an entry whose
-// key's tag (see tagOf) is tags[i], or nil with tag 0 for an empty slot.
-// len(tags) == len(slots) == mask+1, a power of two, or 0.
-type index struct {
-	mask  uint32
-	tags  []atomic.Uint32
-	slots []atomic.Pointer[entry]
-}
-
-// size returns the number of slots of s's index.
-func (s *shard) size() int {
-	if ix := s.ix.Load(); ix != nil {
-		return len(ix.slots)
-	}
-	return 0
-}
-
-// each calls fn for every entry s holds. The caller holds s.mu.
-func (s *shard) each(fn func(e *entry)) {
-	ix := s.ix.Load()
-	if ix == nil {
-		return
-	}
-	for i := range ix.slots {
-		if e := ix.slots[i].Load(); e != nil {
-			fn(e)
-		}
-	}
-}
-
 // New returns an empty Table.
 func New(opts Options) (*Table, error) {
 	if len(opts.Sizes) < 1 || len(opts.Sizes) > 2 {
@@ -279,39 +247,16 @@ func windowStart(t, size int64) int64 { return floor.Div(t, size) * size }
 
 func (t *Table) shardOf(h uint64) *shard { return &t.shards[h&t.mask] }
 
-// tagOf returns the 32-bit tag of a key's hash: its high half, never 0 (0
-// marks an empty slot). The low half picks the shard.
+// hash returns key's hash: it picks the shard and the place in its index.
+func (t *Table) hash(key string) uint64 { return maphash.String(t.seed, key) }
+
+// tagOf returns the 32-bit tag of a bucket key's hash (see bshard): its
+// high half, never 0 (0 marks an empty slot). The low half picks the shard.
 func tagOf(h uint64) uint32 {
 	if tag := uint32(h >> 32); tag != 0 {
 		return tag
 	}
 	return 1
-}
-
-// find returns the entry for key, or nil. The caller holds s.mu, or reads
-// without it (addOpenFast): then a lookup racing with a removal or a move
-// may miss the key, never return another key's entry.
-func (s *shard) find(key string, h uint64) *entry {
-	ix := s.ix.Load()
-	if ix == nil {
-		return nil
-	}
-	m := ix.mask
-	tag := tagOf(h)
-	// Probe the tags, which sit 16 to a cache line, and touch an entry only
-	// when its tag matches. The bound keeps a lock-free reader that races
-	// with backward shifts from going round forever.
-	for i, n := tag&m, uint32(0); n <= m; i, n = (i+1)&m, n+1 {
-		switch ix.tags[i].Load() {
-		case 0:
-			return nil
-		case tag:
-			if e := ix.slots[i].Load(); e != nil && e.key() == key {
-				return e
-			}
-		}
-	}
-	return nil
 }
 
 // insert adds a new entry for key (copied), with flags set before it is
@@ -320,15 +265,14 @@ func (t *Table) insert(s *shard, key string, h uint64, now int64, flags uint32) 
 	if s.count >= s.cap {
 		t.makeRoom(s, now)
 	}
-	// The load factor stays at most 7/8: probes read the tag array, sixteen
-	// tags to a cache line, so long runs stay cheap, and a shard at its cap
-	// does not double for a few entries.
+	// The load factor stays at most 7/8, and a shard at its cap does not
+	// double for a few entries.
 	if (s.count+1)*8 > s.size()*7 {
 		// Before growing, drop what has expired: the shard is walked once per
 		// doubling at most, so the cost is amortised over the inserts.
 		t.dropExpired(s, now)
 		if (s.count+1)*8 > s.size()*7 {
-			s.resize(max(minSlots, s.size()*2))
+			t.resize(s, max(minGroups, 2*s.groups()))
 		}
 	}
 	e := newEntry(key)
@@ -339,63 +283,19 @@ func (t *Table) insert(s *shard, key string, h uint64, now int64, flags uint32) 
 		// (see addOpenFast).
 		e.flags.Or(flagBornSealed)
 	}
-	s.ix.Load().place(e, tagOf(h))
+	s.ix.Load().place(e, h)
 	s.count++
 	return e
-}
-
-// place puts e, whose tag is tag, in the first free slot of its probe chain.
-// The slot is stored before the tag: a lock-free reader that sees the tag
-// finds the entry (or, racing, a nil slot it skips).
-func (ix *index) place(e *entry, tag uint32) {
-	m := ix.mask
-	i := tag & m
-	for ix.tags[i].Load() != 0 {
-		i = (i + 1) & m
-	}
-	ix.slots[i].Store(e)
-	ix.tags[i].Store(tag)
-}
-
-// resize replaces s's index by one of n slots holding the same entries. It
-// fills the new index before publishing it, so a lock-free reader sees
-// either index whole.
-func (s *shard) resize(n int) {
-	ix := &index{mask: uint32(n - 1), tags: make([]atomic.Uint32, n), slots: make([]atomic.Pointer[entry], n)}
-	if old := s.ix.Load(); old != nil {
-		for i := range old.slots {
-			if e := old.slots[i].Load(); e != nil {
-				ix.place(e, old.tags[i].Load())
-			}
-		}
-	}
-	s.ix.Store(ix)
-}
-
-// removeAt deletes the entry at slot i with backward-shift deletion, so probe
-// chains stay unbroken without tombstones. The caller holds s.mu for writing.
-func (s *shard) removeAt(i uint32) {
-	ix := s.ix.Load()
-	m := ix.mask
-	ix.tags[i].Store(0)
-	ix.slots[i].Store(nil)
-	s.count--
-	for j := (i + 1) & m; ix.tags[j].Load() != 0; j = (j + 1) & m {
-		if tj := ix.tags[j].Load(); movable(i, j, tj&m) {
-			ix.slots[i].Store(ix.slots[j].Load())
-			ix.tags[i].Store(tj)
-			ix.tags[j].Store(0)
-			ix.slots[j].Store(nil)
-			i = j
-		}
-	}
 }
 
 // dropEntry retires e's unconfirmed hits, marks it dead and removes it from
 // slot i. The caller holds s.mu for writing.
 func (t *Table) dropEntry(s *shard, i uint32) {
-	s.ix.Load().slots[i].Load().retire(t)
-	s.removeAt(i)
+	ix := s.ix.Load()
+	e := ix.slot(i).Load()
+	e.retire(t)
+	ix.remove(i, t.hash(e.key()))
+	s.count--
 }
 
 // dropExpired removes every entry of s whose windows are all too old to be
@@ -405,12 +305,10 @@ func (t *Table) dropExpired(s *shard, now int64) {
 	if ix == nil {
 		return
 	}
-	for i := 0; i < len(ix.slots); {
-		if e := ix.slots[i].Load(); e != nil && e.expired(t, now) {
-			t.dropEntry(s, uint32(i))
-			continue // backward shift may have moved another entry into i
+	for i := range ix.slots() {
+		if e := ix.slot(i).Load(); e != nil && e.expired(t, now) {
+			t.dropEntry(s, i)
 		}
-		i++
 	}
 }
 
@@ -422,10 +320,11 @@ func (t *Table) makeRoom(s *shard, now int64) {
 	if ix == nil {
 		return
 	}
-	for range 2*len(ix.slots) + 1 {
-		i := uint32(s.hand) & ix.mask
+	n := ix.slots()
+	for range 2*n + 1 {
+		i := uint32(s.hand) % n
 		s.hand++
-		e := ix.slots[i].Load()
+		e := ix.slot(i).Load()
 		if e == nil {
 			continue
 		}
