@@ -23,29 +23,7 @@ import (
 // at once. With the real stores, B reads each key once before judging it
 // (concurrent callers share the reads) and admits nothing.
 func TestColdReadMovingClientRealStores(t *testing.T) {
-	stores := map[string]func(t *testing.T) strategy.Strategy{
-		"redis": func(t *testing.T) strategy.Strategy {
-			st, err := rlredis.New(testRedisClient(t), rlredis.Options{KeyPrefix: fmt.Sprintf("coldmove%d", time.Now().UnixNano()), Shards: 4})
-			require.NoError(t, err)
-			return st
-		},
-		"postgres": func(t *testing.T) strategy.Strategy {
-			dsn := os.Getenv("RATELIMIT_TEST_POSTGRES_DSN")
-			if dsn == "" {
-				strategytest.SkipOrFail(t, "RATELIMIT_TEST_POSTGRES_DSN")
-			}
-			pool, err := pgxpool.New(context.Background(), dsn)
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
-			table := fmt.Sprintf("rl_coldmove_%d", time.Now().UnixNano())
-			st, err := postgres.New(context.Background(), pool, postgres.Options{Table: table})
-			require.NoError(t, err)
-			t.Cleanup(func() {
-				_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+", "+table+"_batches, "+table+"_changes, "+table+"_buckets, "+table+"_logs")
-			})
-			return st
-		},
-	}
+	stores := realStores("coldmove")
 	for name, newStore := range stores {
 		t.Run(name, func(t *testing.T) {
 			leakCheck(t)
@@ -78,5 +56,34 @@ func TestColdReadMovingClientRealStores(t *testing.T) {
 			require.Zero(t, out.degraded.Load())
 			require.Zero(t, out.admitted.Load(), "B admitted clients A had spent")
 		})
+	}
+}
+
+// realStores returns constructors of a fresh Redis and a fresh PostgreSQL
+// store (its own key prefix or tables, named after prefix), for tests that
+// run against the real servers.
+func realStores(prefix string) map[string]func(t *testing.T) strategy.Strategy {
+	return map[string]func(t *testing.T) strategy.Strategy{
+		"redis": func(t *testing.T) strategy.Strategy {
+			st, err := rlredis.New(testRedisClient(t), rlredis.Options{KeyPrefix: fmt.Sprintf("%s%d", prefix, time.Now().UnixNano()), Shards: 4})
+			require.NoError(t, err)
+			return st
+		},
+		"postgres": func(t *testing.T) strategy.Strategy {
+			dsn := os.Getenv("RATELIMIT_TEST_POSTGRES_DSN")
+			if dsn == "" {
+				strategytest.SkipOrFail(t, "RATELIMIT_TEST_POSTGRES_DSN")
+			}
+			pool, err := pgxpool.New(context.Background(), dsn)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			table := fmt.Sprintf("rl_%s_%d", prefix, time.Now().UnixNano())
+			st, err := postgres.New(context.Background(), pool, postgres.Options{Table: table})
+			require.NoError(t, err)
+			t.Cleanup(func() {
+				_, _ = pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+", "+table+"_batches, "+table+"_changes, "+table+"_buckets, "+table+"_logs")
+			})
+			return st
+		},
 	}
 }
