@@ -199,6 +199,9 @@ func fitsNarrow(n int64) bool { return n >= -narrowLocal && n <= narrowLocal }
 // (having added nothing) when the result would leave the narrow range:
 // the caller then widens the entry.
 func (s *nslot) addView(v int64) (int64, bool) {
+	if !fitsNarrow(int64(s.local.Load()) + v) {
+		return 0, false // (see Table.addLocal)
+	}
 	n := s.local.Add(int32(v))
 	if !fitsNarrow(int64(n)) {
 		s.local.Add(-int32(v))
@@ -401,7 +404,10 @@ func (t *Table) widen(e *entry) {
 func (t *Table) addLocal(e *entry, w, par int, v int64) cnt {
 	c := t.slotOf(e, w, par)
 	if c.n != nil {
-		if fitsNarrow(v) {
+		// (The check before adding spares lock-free views a large
+		// addition's brief take-back; one racing past it still takes its
+		// addition back after.)
+		if fitsNarrow(v) && fitsNarrow(int64(c.n.local.Load())+v) {
 			n := c.n.local.Add(int32(v))
 			if fitsNarrow(int64(n)) {
 				return c
