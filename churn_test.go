@@ -84,11 +84,12 @@ func TestPassDiffsFollowOwnPushes(t *testing.T) {
 	// share): a pass of 2,000 pushes at least twice, and its first push
 	// expects about 2,000 (its diffs over the share of the table's shards
 	// it collected; the keys are spread over the shards, not evenly: a few
-	// percent off); the pass of 20 after the 2,000s still expects 2,000
-	// (the previous pass's), the next about 20.
+	// percent off, up to 11% in about one run in 300, with the code before
+	// and after the index's groups); the pass of 20 after the 2,000s still
+	// expects 2,000 (the previous pass's), the next about 20.
 	require.Equal(t, 2000, got[0])
-	require.InDelta(t, 2000, got[1], 200)
-	require.InDelta(t, 2000, got[2], 200)
+	require.InDelta(t, 2000, got[1], 300)
+	require.InDelta(t, 2000, got[2], 300)
 	require.GreaterOrEqual(t, got[3], 2000)
 	require.Less(t, got[4], 100)
 }
