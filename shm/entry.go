@@ -44,11 +44,13 @@ const (
 // A count that would leave their range moves the entry's counts to 64-bit
 // slots (wslot, see Table.widen), under its lock, for good. The bounds:
 //
-//   - a narrow local count stays within ±narrowLocal once every addition
-//     in flight has settled: an addition whose result is past the bound
-//     takes itself back (a lock-free one, of at most maxFast, then goes to
-//     the locked path), and the locked path widens the entry; a locked
-//     addition adds at most narrowLocal, so no sum wraps around;
+//   - a narrow local count stays within ±narrowLocal, but for lock-free
+//     additions in flight: a locked addition that would pass the bound
+//     widens the entry first (one that passes it racing a lock-free one
+//     takes itself back: under the lock no swap can come in between), and
+//     a lock-free addition (at most maxFast) that passed it keeps its hit
+//     and widens the entry under its lock; a locked addition adds at most
+//     narrowLocal, so no sum wraps around;
 //   - a narrow synced count holds a store total within ±narrowSynced, or
 //     unknown32;
 //   - poison32 is what a narrow local count becomes when the entry leaves

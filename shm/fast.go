@@ -10,8 +10,7 @@ var testHookFast func()
 // only counts (no judge): it adds v to key's window at now and returns the
 // view after it. A key held, in a window already open, is counted without
 // the shard's lock (see addOpenFast); anything else (a new key, a new
-// window, a value over maxFast, a count leaving the narrow range) takes
-// AddWindowsOpen's path. held and open are
+// window, a value over maxFast, a wide entry) takes AddWindowsOpen's path. held and open are
 // AddWindowsOpen's.
 func (t *Table) AddOpen(key string, w int, now, v int64, ifHeld, sealable bool) (vw View, held, open bool) {
 	if !sealable || !t.sealed.Load() {
@@ -27,9 +26,9 @@ func (t *Table) AddOpen(key string, w int, now, v int64, ifHeld, sealable bool) 
 // locking the shard, and reports false (having counted nothing) when it
 // cannot: the key is not found, its entry is dead or was created after
 // Seal, now is in a window the entry has not opened yet (rotating needs
-// the entry's lock), |v| > maxFast, or the count would leave the narrow
-// range (the locked path widens the entry; a wide entry's narrow counts
-// are poison, so it always goes there).
+// the entry's lock), |v| > maxFast, or the entry is wide (its narrow
+// counts are poison, so the locked path counts for it). An addition that
+// takes a narrow count past its range widens the entry itself.
 //
 // Without the shard's lock, the entry may leave the table (evicted,
 // expired, or taken by Seal) while the addition is made. retireAll swaps
@@ -60,7 +59,7 @@ func (t *Table) addOpenFast(key string, w int, now, v int64) (View, bool) {
 		testHookFast()
 	}
 	n := cur.local.Add(int32(v))
-	if poisoned(n) || !fitsNarrow(int64(n)) {
+	if poisoned(n) {
 		cur.local.Add(-int32(v))
 		return View{}, false
 	}
@@ -71,6 +70,18 @@ func (t *Table) addOpenFast(key string, w int, now, v int64) (View, bool) {
 	vw := View{Start: x, Cur: cur.viewFrom(n)}
 	if !poisoned(pl) {
 		vw.Prev = pv
+	}
+	if !fitsNarrow(int64(n)) {
+		// The hit is counted, past the narrow range. It is not taken back:
+		// a swap for poison (widen, retireAll) landing before the take-back
+		// would already carry it, and the locked path would count it twice
+		// (found by review). The entry widens under its lock instead; a
+		// swap that came first carried the hit with it.
+		e.mu.Lock()
+		if e.flags.Load()&flagDead == 0 {
+			t.widen(e)
+		}
+		e.mu.Unlock()
 	}
 	e.markUsed()
 	t.touch(s, e)
