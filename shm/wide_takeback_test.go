@@ -11,6 +11,15 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// takeBackKeys returns the keys k0 to k(n-1).
+func takeBackKeys(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("k%d", i)
+	}
+	return names
+}
+
 // takeBackBudget bounds the rounds of the take-back races (each runs one
 // round at least).
 const takeBackBudget = 3 * time.Second
@@ -35,10 +44,7 @@ const takeBackBudget = 3 * time.Second
 func TestFastTakeBackRacesWiden(t *testing.T) {
 	const now = 1_000_000
 	const keys = 20_000
-	names := make([]string, keys)
-	for i := range names {
-		names[i] = fmt.Sprintf("k%d", i)
-	}
+	names := takeBackKeys(keys)
 	deadline := time.Now().Add(takeBackBudget)
 	total, doubled := int64(0), 0
 	for first := true; doubled == 0 && (first || time.Now().Before(deadline)); first = false {
@@ -99,10 +105,7 @@ func TestFastTakeBackRacesWiden(t *testing.T) {
 func TestFastTakeBackRacesEviction(t *testing.T) {
 	const now = 1_000_000
 	const keys = 20_000
-	names := make([]string, keys)
-	for i := range names {
-		names[i] = fmt.Sprintf("k%d", i)
-	}
+	names := takeBackKeys(keys)
 	deadline := time.Now().Add(takeBackBudget)
 	total, doubled := int64(0), 0
 	for first := true; doubled == 0 && (first || time.Now().Before(deadline)); first = false {

@@ -112,9 +112,12 @@ func TestWideSyncedTotal(t *testing.T) {
 	// Two windows later the wide entry rotates; evicted, it leaves wides.
 	b.Add("k", 0, now+120_000, 1)
 	require.Equal(t, View{Start: 1_080_000, Cur: 1}, b.Peek("k", 0, now+120_000))
+	e := b.lookupEntry("k")
+	_, held := b.wides.Load(e)
+	require.True(t, held, "the entry is wide")
 	dropKey(b, "k")
-	_, held := b.wides.Load(b.lookupEntry("k"))
-	require.False(t, held)
+	_, held = b.wides.Load(e)
+	require.False(t, held, "the evicted entry left wides")
 	n = 0
 	b.wides.Range(func(any, any) bool { n++; return true })
 	require.Zero(t, n, "an evicted wide entry leaves wides")
