@@ -10,9 +10,41 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// testHash builds a hash with the given home group and tag byte.
+// testHash builds a hash with the given home group and tag byte, and a slot
+// hint that varies with them.
 func testHash(home uint32, tag uint8) uint64 {
-	return uint64(tag)<<56 | uint64(home&0xffffff)<<32
+	hint := (home*0x9e3779b1 ^ uint32(tag)*0x85ebca6b) >> 16
+	return uint64(tag)<<56 | uint64(home&0xffffff)<<32 | uint64(hint)<<16
+}
+
+// TestIndexPlacesAtHint checks that a key placed in a group with its hinted
+// slot free takes that slot (find's first guess), and one whose hinted slot
+// is taken goes to another and is still found.
+func TestIndexPlacesAtHint(t *testing.T) {
+	ix := &index{mask: 0, groups: make([]group, 1)}
+	for i := range uint64(groupSlots) {
+		h := testHash(0, 5) &^ (0xffff << 16) | (i*0x10000/groupSlots+1)<<16
+		require.Equal(t, i, slotHint(h))
+		key := fmt.Sprint("hint", i)
+		e := newEntry(key)
+		ix.place(e, h)
+		got, ok := slotOfKey(ix, key)
+		require.True(t, ok)
+		require.Equal(t, uint32(i), got, "key %d not at its hinted slot", i)
+		require.Same(t, e, findIn(ix, key, h))
+	}
+	ix = &index{mask: 1, groups: make([]group, 2)}
+	h := testHash(0, 5)
+	for i := range groupSlots + 2 { // the same hint: one slot at it, the rest elsewhere
+		key := fmt.Sprint("same", i)
+		e := newEntry(key)
+		ix.place(e, h)
+		require.Same(t, e, findIn(ix, key, h))
+	}
+	for i := range groupSlots + 2 {
+		key := fmt.Sprint("same", i)
+		require.NotNil(t, findIn(ix, key, h), key)
+	}
 }
 
 // slotOfKey returns the slot of ix holding key, scanning every slot.
@@ -66,7 +98,7 @@ func TestIndexMatchesMap(t *testing.T) {
 				key := fmt.Sprintf("k%d", next)
 				next++
 				// Few homes and tags: chains and collisions.
-				h := testHash(uint32(rng.IntN(3)), uint8(rng.IntN(3)+1))
+				h := testHash(uint32(rng.IntN(3)), uint8(rng.IntN(3)+1)) ^ uint64(rng.IntN(4))<<30 // hints vary too
 				e := newEntry(key)
 				ix.place(e, h)
 				hashes[key], held[key] = h, e
