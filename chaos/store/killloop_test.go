@@ -37,11 +37,25 @@ func TestKillLoop(t *testing.T) {
 	redisAddr(t) // Redis is expected here
 	runs, kills, every := pick(10, 2), pick(8, 3), pick(2250*time.Millisecond, 700*time.Millisecond)
 	for run := range runs {
-		t.Run(fmt.Sprint("run", run), func(t *testing.T) { runKillLoop(t, kills, every) })
+		t.Run(fmt.Sprint("run", run), func(t *testing.T) { runKillLoop(t, kills, every, 1) })
 	}
 }
 
-func runKillLoop(t *testing.T, kills int, every time.Duration) {
+// TestKillLoopWideCounts is the kill loop with hits of about 2^27 each: a
+// key's local count passes 2^29 within a few hits and its store total 2^31
+// within a few dozen, so the nodes' entries leave their 32-bit counts for
+// 64-bit ones (on the node only; the store protocol is the same) while
+// Redis is killed and restarted. Every total stays at or below the hits
+// counted, and some pass 2^31.
+func TestKillLoopWideCounts(t *testing.T) {
+	noLeaks(t)
+	redisAddr(t)
+	runKillLoop(t, pick(6, 3), pick(1500*time.Millisecond, 700*time.Millisecond), 1<<27)
+}
+
+// runKillLoop runs the kill loop; each hit weighs between weight and
+// weight + 999 (exactly 1 when weight is 1).
+func runKillLoop(t *testing.T, kills int, every time.Duration, weight int64) {
 	const (
 		nodes    = 4
 		keys     = 1000
@@ -89,13 +103,17 @@ func runKillLoop(t *testing.T, kills int, every time.Duration) {
 				default:
 				}
 				k := rng.IntN(keys)
-				_, err := ns.Increment(context.Background(), fmt.Sprint("k", k), window, 1)
+				v := weight
+				if weight > 1 {
+					v += rng.Int64N(1000)
+				}
+				_, err := ns.Increment(context.Background(), fmt.Sprint("k", k), window, v)
 				if err != nil {
 					t.Errorf("Increment: %v", err)
 					return
 				}
-				counted.Add(1)
-				perKey[k].Add(1)
+				counted.Add(v)
+				perKey[k].Add(v)
 				if n%4 == 0 {
 					time.Sleep(time.Millisecond)
 				}
@@ -149,13 +167,14 @@ func runKillLoop(t *testing.T, kills int, every time.Duration) {
 	defer cancel()
 	ds, err := redis.New(direct, opts)
 	require.NoError(t, err)
-	var stored int64
+	var stored, largest int64
 	for hour := strategy.WindowStart(start.UnixMilli(), window); hour <= time.Now().UnixMilli(); hour += window.Milliseconds() {
 		for c, err := range ds.GetCounters(ctx, strategy.Query{Namespace: ratelimit.DefaultNamespace,
 			Sizes: []time.Duration{window}, Now: hour}) {
 			require.NoError(t, err)
 			if c.Start == hour {
 				stored += c.Count
+				largest = max(largest, c.Count)
 				var k int
 				if _, err := fmt.Sscanf(c.Key, "k%d", &k); err == nil && k < keys && c.Count != perKey[k].Load() {
 					// Where a hit was counted twice: the nodes' confirmed
@@ -167,14 +186,17 @@ func runKillLoop(t *testing.T, kills int, every time.Duration) {
 		}
 	}
 	n := counted.Load()
-	result(t, "%d nodes x %d keys, Redis (appendfsync always) killed and restarted %d times: %d hits counted, store %d (lost %d, excess %d); cycles to drain after the last restart %v",
-		nodes, keys, kills, n, stored, max(0, n-stored), max(0, stored-n), cycles)
+	result(t, "%d nodes x %d keys, hits of weight %d+, Redis (appendfsync always) killed and restarted %d times: %d counted, store %d (lost %d, excess %d; largest key %d); cycles to drain after the last restart %v",
+		nodes, keys, weight, kills, n, stored, max(0, n-stored), max(0, stored-n), largest, cycles)
 	for i, c := range cycles {
 		if c > 5 || c < 0 {
 			t.Logf("node %d after the last restart:\n%s", i, traces[i].String())
 		}
 	}
 	require.LessOrEqual(t, stored, n, "hits counted twice")
+	if weight > 1 {
+		require.Greater(t, largest, int64(1)<<31, "no key's total passed 2^31: the run did not test wide counts")
+	}
 	require.True(t, drained, "pending hits did not drain in 30 s")
 	for i, c := range cycles {
 		require.LessOrEqual(t, c, 5, "node %d needed %d cycles to drain", i, c)
