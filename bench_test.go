@@ -55,12 +55,15 @@ type baseline struct {
 	}
 }
 
-func newBaseline() *baseline {
+func newBaseline() *baseline { return newBaselineOf(benchKeyNames) }
+
+// newBaselineOf is newBaseline on keys.
+func newBaselineOf(keys []string) *baseline {
 	b := &baseline{seed: maphash.MakeSeed()}
 	for i := range b.shards {
 		b.shards[i].m = make(map[string]*atomic.Int64)
 	}
-	for _, k := range benchKeyNames {
+	for _, k := range keys {
 		s := &b.shards[maphash.String(b.seed, k)&63]
 		s.m[k] = new(atomic.Int64)
 	}
@@ -76,7 +79,15 @@ func (b *baseline) add(key string, v int64) int64 {
 }
 
 func benchNamespace(b *testing.B, mode string) *ratelimit.Namespace {
+	return benchNamespaceOf(b, mode, benchKeyNames)
+}
+
+// benchNamespaceOf is benchNamespace holding keys.
+func benchNamespaceOf(b *testing.B, mode string, keys []string) *ratelimit.Namespace {
 	cfg := ratelimit.Config{WindowSizes: []time.Duration{time.Second, time.Minute}, SyncRate: -1}
+	if 2*len(keys) > 1<<20 {
+		cfg.MaxKeys = 2 * len(keys) // room enough that no key is evicted
+	}
 	if mode == "coarse" {
 		// Local mode with the cached clock: the table's own cost, without a
 		// system clock read per call.
@@ -95,7 +106,7 @@ func benchNamespace(b *testing.B, mode string) *ratelimit.Namespace {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = reg.Close(context.Background()) })
-	for _, k := range benchKeyNames {
+	for _, k := range keys {
 		if _, err := ns.Increment(context.Background(), k, time.Minute, 1); err != nil {
 			b.Fatal(err)
 		}
