@@ -22,21 +22,13 @@ func BenchmarkUniformKeys(b *testing.B) {
 	ctx := context.Background()
 	limits := []ratelimit.Limit{{Window: time.Second, Max: 1 << 40}, {Window: time.Minute, Max: 1 << 40}}
 	for _, n := range []int{10_000, 100_000, 300_000, 1_000_000} {
-		keys := make([]string, n)
-		for i := range keys {
-			keys[i] = fmt.Sprintf("user:%08d", i)
-		}
+		keys := userKeys(n)
 		idx := make([]int, 1<<16)
 		rng := rand.New(rand.NewPCG(1, 2))
 		for i := range idx {
 			idx[i] = rng.IntN(n)
 		}
-		run := func(b *testing.B, op func(key string)) {
-			b.ReportAllocs()
-			for i := 0; b.Loop(); i++ {
-				op(keys[idx[i&(len(idx)-1)]])
-			}
-		}
+		run := func(b *testing.B, op func(key string)) { runPatternOf(b, keys, false, idx, op) }
 		b.Run(fmt.Sprintf("keys=%d/baseline", n), func(b *testing.B) {
 			base := newBaselineOf(keys)
 			run(b, func(k string) { base.add(k, 1) })

@@ -17,13 +17,16 @@ import (
 
 const benchKeys = 100_000
 
-var benchKeyNames = func() []string {
-	keys := make([]string, benchKeys)
+var benchKeyNames = userKeys(benchKeys)
+
+// userKeys returns n 13-byte keys, user:00000000 on.
+func userKeys(n int) []string {
+	keys := make([]string, n)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("user:%08d", i)
 	}
 	return keys
-}()
+}
 
 // keyPattern returns indexes into benchKeyNames: uniform, Zipf-skewed, or one hot key.
 func keyPattern(kind string) []int {
@@ -115,11 +118,16 @@ func benchNamespaceOf(b *testing.B, mode string, keys []string) *ratelimit.Names
 }
 
 func runPattern(b *testing.B, parallel bool, idx []int, op func(key string)) {
+	runPatternOf(b, benchKeyNames, parallel, idx, op)
+}
+
+// runPatternOf is runPattern on keys (idx indexes keys).
+func runPatternOf(b *testing.B, keys []string, parallel bool, idx []int, op func(key string)) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	if !parallel {
 		for i := 0; b.Loop(); i++ {
-			op(benchKeyNames[idx[i&(len(idx)-1)]])
+			op(keys[idx[i&(len(idx)-1)]])
 		}
 		return
 	}
@@ -127,7 +135,7 @@ func runPattern(b *testing.B, parallel bool, idx []int, op func(key string)) {
 	b.RunParallel(func(pb *testing.PB) {
 		i := int(seed.Add(7919))
 		for pb.Next() {
-			op(benchKeyNames[idx[i&(len(idx)-1)]])
+			op(keys[idx[i&(len(idx)-1)]])
 			i++
 		}
 	})

@@ -20,8 +20,8 @@ const minGroups = 2
 // it is free. A lookup loads that slot's entry without waiting for the
 // group's tags: the address depends on the hash only, so the processor
 // loads the entry while it checks the tag. (Found by the tags' match
-// first, the entry's address waited on it: 15% of a hot-key Increment,
-// measured.)
+// first, the entry's address waited on it: that wait was 3 ns of a hot-key
+// Increment's 41, measured; the hint won back 1.4 to 3 ns.)
 func slotHint(h uint64) uint64 { return (h >> 16 & 0xffff) * groupSlots >> 16 }
 
 // homeOf returns the group a key of hash h is placed from.

@@ -23,8 +23,7 @@ func testHash(home uint32, tag uint8) uint64 {
 func TestIndexPlacesAtHint(t *testing.T) {
 	ix := &index{mask: 0, groups: make([]group, 1)}
 	for i := range uint64(groupSlots) {
-		h := testHash(0, 5)&^(0xffff<<16) | (i*0x10000/groupSlots+1)<<16
-		require.Equal(t, i, slotHint(h))
+		h := hintHash(0, 5, i, 0)
 		key := fmt.Sprint("hint", i)
 		e := newEntry(key)
 		ix.place(e, h)
