@@ -12,7 +12,8 @@ import (
 
 // BenchmarkUniformKeys is the uniform serial case of BenchmarkIncrement and
 // BenchmarkAllow (two limits, async mode) over 10,000 to 1,000,000 keys,
-// each next to the map-plus-atomic baseline on the same keys. Both are
+// each next to the map-plus-atomic baseline (and Allow next to the bare
+// two-window check, floor2) on the same keys. Both are
 // memory bound, and their ratio depends on where each one's working set
 // falls against the processor's caches: the baseline's (a map of pointers to
 // counters) is about half the table's (an index and an entry per key), so at
@@ -41,6 +42,7 @@ func BenchmarkUniformKeys(b *testing.B) {
 				}
 			})
 		})
+		b.Run(fmt.Sprintf("keys=%d/floor2", n), func(b *testing.B) { benchFloor2(b, keys, false, idx) })
 		b.Run(fmt.Sprintf("keys=%d/allow2-async", n), func(b *testing.B) {
 			ns := benchNamespaceOf(b, "async", keys)
 			run(b, func(k string) {

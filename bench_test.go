@@ -246,3 +246,95 @@ func BenchmarkSyncCycle(b *testing.B) {
 	}
 	b.ReportMetric(float64(benchKeys)*float64(b.N)/b.Elapsed().Seconds(), "counters/s")
 }
+
+// floor2 is the least a check of two sliding windows must do, measured as
+// a yardstick next to the baseline: it finds the key as the baseline does,
+// counts the request in both windows with one atomic addition each, judges
+// both sliding loads and takes the request back when one rejects it. It
+// keeps no state beyond that (no sync bookkeeping, no eviction, no
+// statistics), and rotates a window under a mutex, racily enough for a
+// benchmark only.
+type floor2 struct {
+	baseline // for its seed and shard locks (its maps stay empty)
+	keys     map[string]*floorKey
+	clock    atomic.Int64 // Unix ms, as the default clock caches it
+}
+
+type floorKey struct {
+	mu sync.Mutex
+	w  [2]struct {
+		start     atomic.Int64
+		cur, prev atomic.Int64
+	}
+}
+
+// floorResult is the answer floor2 fills in: what a Decision must report.
+type floorResult struct {
+	allowed          bool
+	remaining, reset int64
+}
+
+func newFloor2(keys []string) *floor2 {
+	f := &floor2{baseline: baseline{seed: maphash.MakeSeed()}}
+	f.keys = make(map[string]*floorKey, len(keys))
+	for _, k := range keys {
+		f.keys[k] = new(floorKey)
+	}
+	f.clock.Store(time.Now().UnixMilli())
+	return f
+}
+
+var floorSizes = [2]int64{1000, 60_000}
+
+// allow decides a request of cost 1 under limits of limit[i] per window of
+// floorSizes[i].
+func (f *floor2) allow(key string, limit [2]int64, r *floorResult) {
+	s := &f.shards[maphash.String(f.seed, key)&63]
+	s.mu.RLock()
+	k := f.keys[key]
+	s.mu.RUnlock()
+	now := f.clock.Load()
+	*r = floorResult{allowed: true, remaining: 1 << 62}
+	var loads [2]float64
+	for i := range k.w {
+		w, size := &k.w[i], floorSizes[i]
+		start := now - now%size
+		if w.start.Load() != start {
+			k.mu.Lock()
+			if old := w.start.Load(); old != start {
+				p := w.cur.Swap(0)
+				if start != old+size {
+					p = 0
+				}
+				w.prev.Store(p)
+				w.start.Store(start)
+			}
+			k.mu.Unlock()
+		}
+		cur := w.cur.Add(1)
+		weight := float64(size-(now-start)) / float64(size)
+		loads[i] = float64(cur) + float64(w.prev.Load())*weight
+		if loads[i] > float64(limit[i]) {
+			r.allowed = false
+		}
+	}
+	for i := range k.w {
+		if !r.allowed {
+			k.w[i].cur.Add(-1)
+			continue
+		}
+		r.remaining = min(r.remaining, int64(float64(limit[i])-loads[i]))
+		r.reset = floorSizes[i] - now%floorSizes[i]
+	}
+}
+
+// benchFloor2 runs floor2 on keys (idx indexes keys), every request admitted.
+func benchFloor2(b *testing.B, keys []string, parallel bool, idx []int) {
+	f := newFloor2(keys)
+	var r floorResult
+	runPatternOf(b, keys, parallel, idx, func(k string) {
+		if f.allow(k, [2]int64{1 << 40, 1 << 40}, &r); !r.allowed {
+			b.Fatal(r)
+		}
+	})
+}

@@ -710,7 +710,8 @@ func ExampleNamespace_Allow() {
 // second alone (allow1), on existing keys among 100,000 (uniform, as the
 // goal is stated, and one hot key, which shows the decision's own CPU cost
 // without cache misses), next to the
-// map-plus-atomic baseline on the same keys, in the same run. The limits are
+// map-plus-atomic baseline and the bare two-window check (floor2) on the
+// same keys, in the same run. The limits are
 // high, so every request is admitted: the common path. The clock is the real
 // one (its read is part of the cost), except in "coarse" (see benchNamespace).
 func BenchmarkAllow(b *testing.B) {
@@ -727,6 +728,7 @@ func BenchmarkAllow(b *testing.B) {
 				base := newBaseline()
 				runPattern(b, par, idx, func(k string) { base.add(k, 1) })
 			})
+			b.Run("floor2/"+pattern+"/"+run, func(b *testing.B) { benchFloor2(b, benchKeyNames, par, idx) })
 			for _, mode := range []string{"local", "async", "coarse"} {
 				b.Run("allow2-"+mode+"/"+pattern+"/"+run, func(b *testing.B) {
 					ns := benchNamespace(b, mode)
