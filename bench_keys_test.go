@@ -12,8 +12,9 @@ import (
 
 // BenchmarkUniformKeys is the uniform serial case of BenchmarkIncrement and
 // BenchmarkAllow (two limits, async mode) over 10,000 to 1,000,000 keys,
-// each next to the map-plus-atomic baseline (and Allow next to the bare
-// two-window check, floor2) on the same keys. Both are
+// each next to the map-plus-atomic baseline on the same keys, and next to
+// floor2's bare Increment (floor1: one window counted, the key holding two
+// window sizes as the table's entries do) and bare two-window check. Both are
 // memory bound, and their ratio depends on where each one's working set
 // falls against the processor's caches: the baseline's (a map of pointers to
 // counters) is about half the table's (an index and an entry per key), so at
@@ -33,6 +34,10 @@ func BenchmarkUniformKeys(b *testing.B) {
 		b.Run(fmt.Sprintf("keys=%d/baseline", n), func(b *testing.B) {
 			base := newBaselineOf(keys)
 			run(b, func(k string) { base.add(k, 1) })
+		})
+		b.Run(fmt.Sprintf("keys=%d/floor1", n), func(b *testing.B) {
+			f := newFloor2(keys)
+			run(b, func(k string) { f.increment(k, 1) })
 		})
 		b.Run(fmt.Sprintf("keys=%d/increment-async", n), func(b *testing.B) {
 			ns := benchNamespaceOf(b, "async", keys)

@@ -262,10 +262,12 @@ type floor2 struct {
 
 type floorKey struct {
 	mu sync.Mutex
-	w  [2]struct {
-		start     atomic.Int64
-		cur, prev atomic.Int64
-	}
+	w  [2]floorWindow
+}
+
+type floorWindow struct {
+	start     atomic.Int64
+	cur, prev atomic.Int64
 }
 
 // floorResult is the answer floor2 fills in: what a Decision must report.
@@ -286,34 +288,44 @@ func newFloor2(keys []string) *floor2 {
 
 var floorSizes = [2]int64{1000, 60_000}
 
-// allow decides a request of cost 1 under limits of limit[i] per window of
-// floorSizes[i].
-func (f *floor2) allow(key string, limit [2]int64, r *floorResult) {
+// find returns key's state and the time.
+func (f *floor2) find(key string) (*floorKey, int64) {
 	s := &f.shards[maphash.String(f.seed, key)&63]
 	s.mu.RLock()
 	k := f.keys[key]
 	s.mu.RUnlock()
-	now := f.clock.Load()
+	return k, f.clock.Load()
+}
+
+// window returns k's window of floorSizes[i] at now, rotated to it, with
+// the weight of the window before it.
+func (k *floorKey) window(i int, now int64) (*floorWindow, float64) {
+	w, size := &k.w[i], floorSizes[i]
+	start := now - now%size
+	if w.start.Load() != start {
+		k.mu.Lock()
+		if old := w.start.Load(); old != start {
+			p := w.cur.Swap(0)
+			if start != old+size {
+				p = 0
+			}
+			w.prev.Store(p)
+			w.start.Store(start)
+		}
+		k.mu.Unlock()
+	}
+	return w, float64(size-(now-start)) / float64(size)
+}
+
+// allow decides a request of cost 1 under limits of limit[i] per window of
+// floorSizes[i].
+func (f *floor2) allow(key string, limit [2]int64, r *floorResult) {
+	k, now := f.find(key)
 	*r = floorResult{allowed: true, remaining: 1 << 62}
 	var loads [2]float64
 	for i := range k.w {
-		w, size := &k.w[i], floorSizes[i]
-		start := now - now%size
-		if w.start.Load() != start {
-			k.mu.Lock()
-			if old := w.start.Load(); old != start {
-				p := w.cur.Swap(0)
-				if start != old+size {
-					p = 0
-				}
-				w.prev.Store(p)
-				w.start.Store(start)
-			}
-			k.mu.Unlock()
-		}
-		cur := w.cur.Add(1)
-		weight := float64(size-(now-start)) / float64(size)
-		loads[i] = float64(cur) + float64(w.prev.Load())*weight
+		w, weight := k.window(i, now)
+		loads[i] = float64(w.cur.Add(1)) + float64(w.prev.Load())*weight
 		if loads[i] > float64(limit[i]) {
 			r.allowed = false
 		}
@@ -326,6 +338,14 @@ func (f *floor2) allow(key string, limit [2]int64, r *floorResult) {
 		r.remaining = min(r.remaining, int64(float64(limit[i])-loads[i]))
 		r.reset = floorSizes[i] - now%floorSizes[i]
 	}
+}
+
+// increment is floor2's Increment: it adds 1 to key's window of
+// floorSizes[i] and returns the sliding rate after it.
+func (f *floor2) increment(key string, i int) float64 {
+	k, now := f.find(key)
+	w, weight := k.window(i, now)
+	return float64(w.cur.Add(1)) + float64(w.prev.Load())*weight
 }
 
 // benchFloor2 runs floor2 on keys (idx indexes keys), every request admitted.
