@@ -47,39 +47,51 @@ func keyPattern(kind string) []int {
 	return idx
 }
 
-// baseline is the simplest sharded counter: a 64-shard map of atomics behind
-// RWMutexes, lookup plus atomic add. The library is held to at most 1.5x it.
-type baseline struct {
+// keyMap is a 64-shard map from keys to values of V behind RWMutexes: the
+// lookup of the baseline and of floor2.
+type keyMap[V any] struct {
 	seed   maphash.Seed
 	shards [64]struct {
 		mu sync.RWMutex
-		m  map[string]*atomic.Int64
+		m  map[string]*V
 		_  [40]byte
 	}
 }
+
+// init holds a zero V for each of keys.
+func (km *keyMap[V]) init(keys []string) {
+	km.seed = maphash.MakeSeed()
+	for i := range km.shards {
+		km.shards[i].m = make(map[string]*V)
+	}
+	for _, k := range keys {
+		km.shards[maphash.String(km.seed, k)&63].m[k] = new(V)
+	}
+}
+
+// get returns key's value.
+func (km *keyMap[V]) get(key string) *V {
+	s := &km.shards[maphash.String(km.seed, key)&63]
+	s.mu.RLock()
+	v := s.m[key]
+	s.mu.RUnlock()
+	return v
+}
+
+// baseline is the simplest sharded counter: a 64-shard map of atomics behind
+// RWMutexes, lookup plus atomic add. The library is held to at most 1.5x it.
+type baseline struct{ keyMap[atomic.Int64] }
 
 func newBaseline() *baseline { return newBaselineOf(benchKeyNames) }
 
 // newBaselineOf is newBaseline on keys.
 func newBaselineOf(keys []string) *baseline {
-	b := &baseline{seed: maphash.MakeSeed()}
-	for i := range b.shards {
-		b.shards[i].m = make(map[string]*atomic.Int64)
-	}
-	for _, k := range keys {
-		s := &b.shards[maphash.String(b.seed, k)&63]
-		s.m[k] = new(atomic.Int64)
-	}
+	b := new(baseline)
+	b.init(keys)
 	return b
 }
 
-func (b *baseline) add(key string, v int64) int64 {
-	s := &b.shards[maphash.String(b.seed, key)&63]
-	s.mu.RLock()
-	c := s.m[key]
-	s.mu.RUnlock()
-	return c.Add(v)
-}
+func (b *baseline) add(key string, v int64) int64 { return b.get(key).Add(v) }
 
 func benchNamespace(b *testing.B, mode string) *ratelimit.Namespace {
 	return benchNamespaceOf(b, mode, benchKeyNames)
@@ -255,9 +267,8 @@ func BenchmarkSyncCycle(b *testing.B) {
 // statistics), and rotates a window under a mutex, racily enough for a
 // benchmark only.
 type floor2 struct {
-	baseline // for its seed and shard locks (its maps stay empty)
-	keys     map[string]*floorKey
-	clock    atomic.Int64 // Unix ms, as the default clock caches it
+	keys  keyMap[floorKey]
+	clock atomic.Int64 // Unix ms, as the default clock caches it
 }
 
 type floorKey struct {
@@ -277,11 +288,8 @@ type floorResult struct {
 }
 
 func newFloor2(keys []string) *floor2 {
-	f := &floor2{baseline: baseline{seed: maphash.MakeSeed()}}
-	f.keys = make(map[string]*floorKey, len(keys))
-	for _, k := range keys {
-		f.keys[k] = new(floorKey)
-	}
+	f := new(floor2)
+	f.keys.init(keys)
 	f.clock.Store(time.Now().UnixMilli())
 	return f
 }
@@ -290,11 +298,7 @@ var floorSizes = [2]int64{1000, 60_000}
 
 // find returns key's state and the time.
 func (f *floor2) find(key string) (*floorKey, int64) {
-	s := &f.shards[maphash.String(f.seed, key)&63]
-	s.mu.RLock()
-	k := f.keys[key]
-	s.mu.RUnlock()
-	return k, f.clock.Load()
+	return f.keys.get(key), f.clock.Load()
 }
 
 // window returns k's window of floorSizes[i] at now, rotated to it, with
@@ -335,8 +339,9 @@ func (f *floor2) allow(key string, limit [2]int64, r *floorResult) {
 			k.w[i].cur.Add(-1)
 			continue
 		}
-		r.remaining = min(r.remaining, int64(float64(limit[i])-loads[i]))
-		r.reset = floorSizes[i] - now%floorSizes[i]
+		if rem := int64(float64(limit[i]) - loads[i]); rem < r.remaining { // the binding limit
+			r.remaining, r.reset = rem, floorSizes[i]-now%floorSizes[i]
+		}
 	}
 }
 

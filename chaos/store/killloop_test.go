@@ -176,12 +176,12 @@ func runKillLoop(t *testing.T, kills int, every time.Duration, weight int64) {
 			Sizes: []time.Duration{window}, Now: hour}) {
 			require.NoError(t, err)
 			if c.Start == hour {
-				stored += c.Count
 				byKey[c.Key] += c.Count
 			}
 		}
 	}
 	for key, total := range byKey {
+		stored += total
 		largest = max(largest, total)
 		var k int
 		if _, err := fmt.Sscanf(key, "k%d", &k); err == nil && k < keys && total != perKey[k].Load() {
