@@ -56,6 +56,28 @@ func newLeanPair(t *testing.T, periodic bool, clock func() time.Time, sizes ...t
 	return p
 }
 
+// decideBoth makes call n through the lean path on p.fast and through the
+// general path on p.general, and requires the same answers: the Decision,
+// the stored key, the window index, the error. It returns the Decision, and
+// false when both returned the same error.
+func (p *leanPair) decideBoth(t *testing.T, n int, key string, cost int64, limits []Limit, count bool) (Decision, bool) {
+	t.Helper()
+	ctx := context.Background()
+	require.True(t, p.fast.leanWindows(limits), "call %d", n)
+	var gotD, wantD Decision
+	gotKey, gotIdx, gotErr := p.fast.decideWindows(ctx, &gotD, key, cost, limits, count && cost > 0)
+	wantKey, wantIdx, wantErr := p.general.decideAny(ctx, &wantD, key, cost, limits, count && cost > 0)
+	if wantErr != nil {
+		require.EqualError(t, gotErr, wantErr.Error(), "call %d", n)
+		return wantD, false
+	}
+	require.NoError(t, gotErr, "call %d", n)
+	require.Equal(t, wantD, gotD, "call %d: %+v cost %d count %v", n, limits, cost, count)
+	require.Equal(t, wantKey, gotKey)
+	require.Equal(t, wantIdx, gotIdx)
+	return wantD, true
+}
+
 // coldKey returns a key neither namespace has seen. In periodic mode seed
 // has first spent on it through the seeder, which pushed that to the store:
 // the key's first decision reads those totals (a cold read), and a path
@@ -129,19 +151,7 @@ func testDecideWindowsMatches(t *testing.T, periodic bool) {
 			_ = general.Refund(ctx, key, max(cost, 0), limits...)
 			continue
 		}
-		require.True(t, fast.leanWindows(limits), "call %d", n)
-		var gotD, wantD Decision
-		gotKey, gotIdx, gotErr := fast.decideWindows(ctx, &gotD, key, cost, limits, count && cost > 0)
-		wantKey, wantIdx, wantErr := general.decideAny(ctx, &wantD, key, cost, limits, count && cost > 0)
-		if wantErr != nil {
-			require.EqualError(t, gotErr, wantErr.Error(), "call %d", n)
-			continue
-		}
-		require.NoError(t, gotErr, "call %d", n)
-		require.Equal(t, wantD, gotD, "call %d: %+v cost %d count %v", n, limits, cost, count)
-		require.Equal(t, wantKey, gotKey)
-		require.Equal(t, wantIdx, gotIdx)
-		if !wantD.Allowed {
+		if d, ok := pair.decideBoth(t, n, key, cost, limits, count); ok && !d.Allowed {
 			rejected++
 		}
 	}

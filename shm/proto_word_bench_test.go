@@ -43,14 +43,36 @@ func protoWord(q int64, local int64) uint64 {
 
 func protoLocal(w uint64) int64 { return int64(uint32(w)) - protoBias }
 
+// protoFind finds key's entry as addWindowsFast does, or nil when a
+// lock-free call could not use it.
+func (t *Table) protoFind(key string) *entry {
+	h := maphash.String(t.seed, key)
+	e := t.shardOf(h).find(key, h)
+	if e == nil || e.flags.Load()&(flagDead|flagBornSealed|flagUnread) != 0 {
+		return nil
+	}
+	return e
+}
+
+// prevView returns the view of window q in slot i of size w, as
+// nslot.view reads one (the local count twice), or 0 when the slot holds
+// another window.
+func (pw *protoWords) prevView(w, i int, q int64) int64 {
+	word := &pw.word[w][i]
+	prev := word.Load()
+	if uint32(prev>>32) != uint32(q) {
+		return 0
+	}
+	return known32(pw.synced[w][i].Load()) + max(protoLocal(prev), protoLocal(word.Load()))
+}
+
 // judgedCAS is the prototype's judged count: for each window size, the
 // slot of now's window must hold it (else false: the locked path would
 // rotate); v is added by compare-and-swap, the views judged, and a
 // rejected count taken back by compare-and-swap on the same window.
 func (t *Table) judgedCAS(pw *protoWords, key string, now int64, v int64, judge func([2]View) bool) (out [2]View, ok, done bool) {
-	h := maphash.String(t.seed, key)
-	e := t.shardOf(h).find(key, h)
-	if e == nil || e.flags.Load()&(flagDead|flagBornSealed|flagUnread) != 0 {
+	e := t.protoFind(key)
+	if e == nil {
 		return out, false, false
 	}
 	var qs [2]int64
@@ -72,10 +94,7 @@ func (t *Table) judgedCAS(pw *protoWords, key string, now int64, v int64, judge 
 				pw.contended.Store(true)
 			}
 		}
-		prev := pw.word[w][par^1].Load()
-		if uint32(prev>>32) == uint32(q-1) {
-			out[w].Prev = known32(pw.synced[w][par^1].Load()) + max(protoLocal(prev), protoLocal(pw.word[w][par^1].Load()))
-		}
+		out[w].Prev = pw.prevView(w, par^1, q-1)
 	}
 	e.markUsed()
 	if ok = judge(out); !ok {
@@ -115,9 +134,8 @@ func (t *Table) judgedAdaptive(pw *protoWords, key string, now int64, v int64, j
 // rotation racing the call makes, would take the entry's lock and move the
 // hit to where it belongs.
 func (t *Table) judgedXadd(pw *protoWords, key string, now int64, v int64, judge func([2]View) bool) (out [2]View, ok, done bool) {
-	h := maphash.String(t.seed, key)
-	e := t.shardOf(h).find(key, h)
-	if e == nil || e.flags.Load()&(flagDead|flagBornSealed|flagUnread) != 0 {
+	e := t.protoFind(key)
+	if e == nil {
 		return out, false, false
 	}
 	var qs [2]int64
@@ -131,10 +149,7 @@ func (t *Table) judgedXadd(pw *protoWords, key string, now int64, v int64, judge
 		}
 		out[w].Start, qs[w] = x, q
 		out[w].Cur = known32(pw.synced[w][par].Load()) + protoLocal(n)
-		prev := pw.word[w][par^1].Load()
-		if uint32(prev>>32) == uint32(q-1) {
-			out[w].Prev = known32(pw.synced[w][par^1].Load()) + max(protoLocal(prev), protoLocal(pw.word[w][par^1].Load()))
-		}
+		out[w].Prev = pw.prevView(w, par^1, q-1)
 	}
 	e.markUsed()
 	if ok = judge(out); !ok {
