@@ -109,7 +109,7 @@ func TestDecideWindowsMatchesGeneralPathExtremes(t *testing.T) {
 		now := time.UnixMilli(1_700_000_000_000)
 		clk.Store(now.UnixNano())
 		keys := []string{"a", "b", "c", "d"}
-		var rejected, back, bind0 int
+		var admitted, rejected, wide, back int
 		for n := range 50_000 {
 			step := time.Duration(rng.Int64N(300)) * time.Millisecond
 			if rng.IntN(8) == 0 {
@@ -162,13 +162,21 @@ func TestDecideWindowsMatchesGeneralPathExtremes(t *testing.T) {
 				_ = general.Refund(ctx, key, cost, limits...)
 				continue
 			}
-			if d, ok := pair.decideBoth(t, n, key, cost, limits, count); ok && !d.Allowed {
+			d, ok := pair.decideBoth(t, n, key, cost, limits, count)
+			switch {
+			case !ok:
+			case !d.Allowed:
 				rejected++
-				if d.RetryAfter == 0 {
-					bind0++
-				}
+			case big:
+				wide++
+			default:
+				admitted++
 			}
 		}
-		t.Logf("periodic %v: rejected %d, clock back %d, rejected with RetryAfter 0: %d", periodic, rejected, back, bind0)
+		t.Logf("periodic %v: admitted %d (near MaxValue %d), rejected %d, clock back %d", periodic, admitted, wide, rejected, back)
+		require.Greater(t, admitted, 1_000, "admissions exercised")
+		require.Greater(t, rejected, 1_000, "rejections exercised")
+		require.Positive(t, wide, "costs near MaxValue admitted: wide counts exercised")
+		require.Greater(t, back, 1_000, "the clock went back")
 	}
 }
