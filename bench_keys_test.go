@@ -3,7 +3,9 @@ package ratelimit_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,12 +16,19 @@ import (
 // BenchmarkAllow (two limits, async mode) over 10,000 to 1,000,000 keys,
 // each next to the map-plus-atomic baseline on the same keys, and next to
 // floor2's bare Increment (floor1: one window counted, the key holding two
-// window sizes as the table's entries do) and bare two-window check. Both are
-// memory bound, and their ratio depends on where each one's working set
-// falls against the processor's caches: the baseline's (a map of pointers to
-// counters) is about half the table's (an index and an entry per key), so at
-// some key count the baseline still fits in the last-level cache and the
-// table no longer does.
+// window sizes as the table's entries do) and bare two-window check.
+// floor1key is floor1 in an 80-byte allocation that holds a copy of its key
+// and compares it, as the table's entries do (floor1pad: the allocation
+// without the comparison).
+//
+// Both are memory bound, and their ratio depends on where each one's
+// working set falls against the processor's caches, and on how many calls
+// the processor overlaps: calls back to back on independent keys let it
+// start the next call's loads while this one waits on memory, and the
+// fewer instructions a call has, the more calls overlap. The -dep cases run
+// the same calls one at a time (each call's key is chosen through the
+// result of the one before, see runDependent), as a server makes them,
+// where each check sits among its request's own work.
 func BenchmarkUniformKeys(b *testing.B) {
 	ctx := context.Background()
 	limits := []ratelimit.Limit{{Window: time.Second, Max: 1 << 40}, {Window: time.Minute, Max: 1 << 40}}
@@ -39,6 +48,14 @@ func BenchmarkUniformKeys(b *testing.B) {
 			f := newFloor2(keys)
 			run(b, func(k string) { f.increment(k, 1) })
 		})
+		b.Run(fmt.Sprintf("keys=%d/floor1pad", n), func(b *testing.B) {
+			f := newFloorKeyed(keys)
+			run(b, func(k string) { f.increment(k, 1, false) })
+		})
+		b.Run(fmt.Sprintf("keys=%d/floor1key", n), func(b *testing.B) {
+			f := newFloorKeyed(keys)
+			run(b, func(k string) { f.increment(k, 1, true) })
+		})
 		b.Run(fmt.Sprintf("keys=%d/increment-async", n), func(b *testing.B) {
 			ns := benchNamespaceOf(b, "async", keys)
 			run(b, func(k string) {
@@ -47,7 +64,37 @@ func BenchmarkUniformKeys(b *testing.B) {
 				}
 			})
 		})
+		// The same calls, each choosing its key from the result of the one
+		// before: calls no longer overlap their waits on memory.
+		b.Run(fmt.Sprintf("keys=%d/baseline-dep", n), func(b *testing.B) {
+			base := newBaselineOf(keys)
+			runDependent(b, keys, idx, func(k string) uint64 { return uint64(base.add(k, 1)) >> 62 })
+		})
+		b.Run(fmt.Sprintf("keys=%d/floor1key-dep", n), func(b *testing.B) {
+			f := newFloorKeyed(keys)
+			runDependent(b, keys, idx, func(k string) uint64 { return math.Float64bits(f.increment(k, 1, true)) >> 63 })
+		})
+		b.Run(fmt.Sprintf("keys=%d/increment-async-dep", n), func(b *testing.B) {
+			ns := benchNamespaceOf(b, "async", keys)
+			runDependent(b, keys, idx, func(k string) uint64 {
+				r, err := ns.Increment(ctx, k, time.Minute, 1)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return math.Float64bits(r) >> 63
+			})
+		})
 		b.Run(fmt.Sprintf("keys=%d/floor2", n), func(b *testing.B) { benchFloor2(b, keys, false, idx) })
+		b.Run(fmt.Sprintf("keys=%d/allow2-async-dep", n), func(b *testing.B) {
+			ns := benchNamespaceOf(b, "async", keys)
+			runDependent(b, keys, idx, func(k string) uint64 {
+				d, err := ns.Allow(ctx, k, 1, limits...)
+				if err != nil || !d.Allowed {
+					b.Fatal(d, err)
+				}
+				return uint64(d.Remaining) >> 63
+			})
+		})
 		b.Run(fmt.Sprintf("keys=%d/allow2-async", n), func(b *testing.B) {
 			ns := benchNamespaceOf(b, "async", keys)
 			run(b, func(k string) {
@@ -56,5 +103,57 @@ func BenchmarkUniformKeys(b *testing.B) {
 				}
 			})
 		})
+	}
+}
+
+// floorKeyed is floor1 with each key's state in an 80-byte allocation that
+// also holds a copy of the key, as the table's entries do (64 bytes and the
+// key, 80 bytes for these 13-byte keys): floor1key compares the copy on
+// each call, as a table that owns its keys must; floor1pad only pays for
+// the larger, unaligned allocation. Benchmarks only.
+type floorKeyed struct {
+	keys  keyMap[floorKeyedState]
+	clock atomic.Int64
+}
+
+type floorKeyedState struct {
+	floorKey
+	klen uint8
+	key  [16]byte
+}
+
+func newFloorKeyed(keys []string) *floorKeyed {
+	f := new(floorKeyed)
+	f.keys.init(keys)
+	for i := range f.keys.shards {
+		for k, st := range f.keys.shards[i].m {
+			st.klen = uint8(copy(st.key[:], k))
+		}
+	}
+	f.clock.Store(time.Now().UnixMilli())
+	return f
+}
+
+// increment is floor1's increment; with compare, it first checks the key's
+// copy against key.
+func (f *floorKeyed) increment(key string, i int, compare bool) float64 {
+	st := f.keys.get(key)
+	if compare && string(st.key[:st.klen]) != key {
+		panic("floorKeyed: wrong key")
+	}
+	w, weight := st.window(i, f.clock.Load())
+	return float64(w.cur.Add(1)) + float64(w.prev.Load())*weight
+}
+
+// runDependent is runPatternOf, serial, with each call's key index offset
+// by a value derived from the call before's result (always 0, but the
+// processor cannot know that): a call starts only when the one before has
+// finished, as in a server, where each check sits among the request's own
+// work, instead of overlapping its cache misses with the next call's.
+func runDependent(b *testing.B, keys []string, idx []int, op func(key string) uint64) {
+	b.ReportAllocs()
+	var dep uint64
+	for i := 0; b.Loop(); i++ {
+		dep = op(keys[idx[(uint64(i)+dep)&uint64(len(idx)-1)]])
 	}
 }
