@@ -26,10 +26,12 @@ import (
 // working set falls against the processor's caches, and on how many calls
 // the processor overlaps: calls back to back on independent keys let it
 // start the next call's loads while this one waits on memory, and the
-// fewer instructions a call has, the more calls overlap. The -dep cases run
-// the same calls one at a time (each call's key is chosen through the
-// result of the one before, see runDependent), as a server makes them,
-// where each check sits among its request's own work.
+// fewer instructions a call has, the more calls overlap. The -buf cases
+// run the same calls on keys written into a buffer, as a server builds them
+// from its requests; the -dep cases run them one at a time as well (each
+// call's key chosen through the result of the one before), as a server
+// makes them, where each check sits among its request's own work (see
+// inPlace).
 func BenchmarkUniformKeys(b *testing.B) {
 	ctx := context.Background()
 	limits := []ratelimit.Limit{{Window: time.Second, Max: 1 << 40}, {Window: time.Minute, Max: 1 << 40}}
@@ -65,37 +67,7 @@ func BenchmarkUniformKeys(b *testing.B) {
 				}
 			})
 		})
-		// The same calls, each choosing its key from the result of the one
-		// before: calls no longer overlap their waits on memory.
-		b.Run(fmt.Sprintf("keys=%d/baseline-dep", n), func(b *testing.B) {
-			base := newBaselineOf(keys)
-			runDependent(b, keys, idx, func(k string) uint64 { return uint64(base.add(k, 1)) >> 62 })
-		})
-		b.Run(fmt.Sprintf("keys=%d/floor1key-dep", n), func(b *testing.B) {
-			f := newFloorKeyed(keys)
-			runDependent(b, keys, idx, func(k string) uint64 { return math.Float64bits(f.increment(k, 1, true)) >> 63 })
-		})
-		b.Run(fmt.Sprintf("keys=%d/increment-async-dep", n), func(b *testing.B) {
-			ns := benchNamespaceOf(b, "async", keys)
-			runDependent(b, keys, idx, func(k string) uint64 {
-				r, err := ns.Increment(ctx, k, time.Minute, 1)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return math.Float64bits(r) >> 63
-			})
-		})
 		b.Run(fmt.Sprintf("keys=%d/floor2", n), func(b *testing.B) { benchFloor2(b, keys, false, idx) })
-		b.Run(fmt.Sprintf("keys=%d/allow2-async-dep", n), func(b *testing.B) {
-			ns := benchNamespaceOf(b, "async", keys)
-			runDependent(b, keys, idx, func(k string) uint64 {
-				d, err := ns.Allow(ctx, k, 1, limits...)
-				if err != nil || !d.Allowed {
-					b.Fatal(d, err)
-				}
-				return uint64(d.Remaining) >> 63
-			})
-		})
 		b.Run(fmt.Sprintf("keys=%d/allow2-async", n), func(b *testing.B) {
 			ns := benchNamespaceOf(b, "async", keys)
 			run(b, func(k string) {
@@ -104,6 +76,42 @@ func BenchmarkUniformKeys(b *testing.B) {
 				}
 			})
 		})
+		// The same calls on keys written into a buffer, as a server builds
+		// its key from the request (-buf), and one at a time, each call's key
+		// chosen through the result of the one before (-dep): see inPlace.
+		for _, mode := range []string{"buf", "dep"} {
+			dep := mode == "dep"
+			b.Run(fmt.Sprintf("keys=%d/baseline-%s", n, mode), func(b *testing.B) {
+				base := newBaselineOf(keys)
+				inPlace(b, keys, idx, dep, func(k string) uint64 { return uint64(base.add(k, 1)) >> 62 })
+			})
+			b.Run(fmt.Sprintf("keys=%d/floor1key-%s", n, mode), func(b *testing.B) {
+				f := newFloorKeyed(keys)
+				inPlace(b, keys, idx, dep, func(k string) uint64 { return math.Float64bits(f.increment(k, 1, true)) >> 63 })
+			})
+			b.Run(fmt.Sprintf("keys=%d/increment-async-%s", n, mode), func(b *testing.B) {
+				ns := benchNamespaceOf(b, "async", keys)
+				inPlace(b, keys, idx, dep, func(k string) uint64 {
+					r, err := ns.Increment(ctx, k, time.Minute, 1)
+					if err != nil {
+						b.Fatal(err)
+					}
+					return math.Float64bits(r) >> 63
+				})
+				requireAllHeld(b, ns, n)
+			})
+			b.Run(fmt.Sprintf("keys=%d/allow2-async-%s", n, mode), func(b *testing.B) {
+				ns := benchNamespaceOf(b, "async", keys)
+				inPlace(b, keys, idx, dep, func(k string) uint64 {
+					d, err := ns.Allow(ctx, k, 1, limits...)
+					if err != nil || !d.Allowed {
+						b.Fatal(d, err)
+					}
+					return uint64(d.Remaining) >> 63
+				})
+				requireAllHeld(b, ns, n)
+			})
+		}
 	}
 }
 
@@ -128,6 +136,9 @@ func newFloorKeyed(keys []string) *floorKeyed {
 	f.keys.init(keys)
 	for i := range f.keys.shards {
 		for k, st := range f.keys.shards[i].m {
+			if len(k) > len(st.key) {
+				panic("floorKeyed holds keys of up to 16 bytes")
+			}
 			st.klen = uint8(copy(st.key[:], k))
 		}
 	}
@@ -146,33 +157,53 @@ func (f *floorKeyed) increment(key string, i int, compare bool) float64 {
 	return float64(w.cur.Add(1)) + float64(w.prev.Load())*weight
 }
 
-// runDependent is runPatternOf, serial, with each call's key index offset
-// by a value derived from the call before's result (always 0, but the
-// processor cannot know that): a call starts only when the one before has
-// finished, as in a server, where each check sits among the request's own
-// work, instead of overlapping its cache misses with the next call's.
+// inPlace is runPatternOf, serial, on keys written into a buffer of the
+// loop's own instead of read from keys: a server builds its key from the
+// request it serves, so the key's bytes are in cache, and they are not the
+// bytes a map of keys stores (Go's string comparison skips the bytes of two
+// strings with one pointer, as runPatternOf's keys are to the baseline's
+// map). keys must be userKeys'.
 //
-// A server also builds its key from the request it serves, so the key's
-// bytes are in cache. The key is therefore written into a buffer of the
-// loop's own, not read from keys (a table of 100,000 strings, which would
-// add two misses to every call on both sides). The calls see it as a
-// string over that buffer: they only read it, since every key is held
-// (none is inserted, which would copy it) and no call keeps it.
-func runDependent(b *testing.B, keys []string, idx []int, op func(key string) uint64) {
-	const prefix = len("user:")
+// With dep, each call's key index is offset by a value derived from the
+// call before's result (always 0, which the processor cannot know): a call
+// starts only when the one before has finished, as in a server, where each
+// check sits among its request's own work, instead of overlapping its waits
+// on memory with the next call's.
+//
+// The calls see the key as a string over the buffer, made after the key is
+// written: they only read it. Nothing keeps it as long as every key is held
+// (none is inserted, and no cold read queues it); the Namespace cases check
+// that after the loop (requireAllHeld).
+func inPlace(b *testing.B, keys []string, idx []int, dep bool, op func(key string) uint64) {
 	buf := []byte(keys[0])
-	if len(buf) != prefix+8 || string(buf[:prefix]) != "user:" {
-		b.Fatalf("runDependent writes keys of userKeys, not %q", buf)
-	}
-	key := unsafe.String(&buf[0], len(buf))
-	b.ReportAllocs()
-	var dep uint64
-	for i := 0; b.Loop(); i++ {
-		j := idx[(uint64(i)+dep)&uint64(len(idx)-1)]
-		for p := len(buf) - 1; p >= prefix; p-- {
-			buf[p] = byte('0' + j%10)
-			j /= 10
+	for _, j := range []int{0, len(keys) / 2, len(keys) - 1} {
+		if writeUserKey(buf, j); string(buf) != keys[j] {
+			b.Fatalf("inPlace writes %q for key %d, want %q", buf, j, keys[j])
 		}
-		dep = op(key)
+	}
+	b.ReportAllocs()
+	var d uint64
+	for i := 0; b.Loop(); i++ {
+		writeUserKey(buf, idx[(uint64(i)+d)&uint64(len(idx)-1)])
+		r := op(unsafe.String(&buf[0], len(buf)))
+		if dep {
+			d = r
+		}
+	}
+}
+
+// writeUserKey writes userKeys' key j ("user:" and 8 digits) into buf.
+func writeUserKey(buf []byte, j int) {
+	for p := len(buf) - 1; p >= len("user:"); p-- {
+		buf[p] = byte('0' + j%10)
+		j /= 10
+	}
+}
+
+// requireAllHeld fails b unless ns still holds all n keys and evicted none:
+// then no call on a key written by inPlace kept it.
+func requireAllHeld(b *testing.B, ns *ratelimit.Namespace, n int) {
+	if st := ns.Stats(); st.TrackedKeys != n || st.Evictions != 0 {
+		b.Fatalf("%d keys held, %d evicted: want %d and 0", st.TrackedKeys, st.Evictions, n)
 	}
 }

@@ -20,7 +20,12 @@ import (
 //     windows, the marks for sync and eviction);
 //   - table-add: AddOpen, the call Increment makes.
 //
-// Benchmarks only: it locates the table's share of BenchmarkUniformKeys.
+// Each case runs back to back on the keys' strings; on keys written into a
+// buffer (-buf), as a server builds its key from the request; and one call
+// at a time (-dep), each call's key chosen through the result of the one
+// before, so that no call overlaps its waits on memory with the next one's
+// (as ratelimit's inPlace does). Benchmarks only: it locates the table's
+// share of BenchmarkUniformKeys.
 func BenchmarkTableUniform(b *testing.B) {
 	const n, now = 100_000, 1_000_500
 	tb, err := New(Options{Sizes: []time.Duration{time.Second, time.Minute}, Track: true})
@@ -38,40 +43,34 @@ func BenchmarkTableUniform(b *testing.B) {
 		}
 		m[keys[i]] = e
 	}
+	_, par := tb.windowOf(1, now)
 	idx := make([]int, 1<<16)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range idx {
 		idx[i] = rng.IntN(n)
 	}
-	// Each case runs twice: calls back to back, and one at a time (dep:
-	// each call's key chosen through the result of the one before, so
-	// that no call overlaps its waits on memory with the next one's, and
-	// written into a buffer, as a server builds it from its request, so
-	// that its bytes are in cache; the calls only read it).
-	const prefix = len("user:")
 	buf := []byte(keys[0])
-	inPlace := unsafe.String(&buf[0], len(buf))
-	for _, dep := range []bool{false, true} {
-		suffix := ""
-		if dep {
-			suffix = "-dep"
-		}
+	for _, mode := range []string{"", "-buf", "-dep"} {
+		// run calls op on key after key; the calls only read the key, and
+		// every key is held, so none keeps a key written into buf.
 		run := func(b *testing.B, op func(key string) uint64) {
 			var d uint64
 			for i := 0; b.Loop(); i++ {
 				j := idx[(uint64(i)+d)&uint64(len(idx)-1)]
-				if !dep {
+				if mode == "" {
 					op(keys[j])
 					continue
 				}
-				for p := len(buf) - 1; p >= prefix; p-- {
+				for p := len(buf) - 1; p >= len("user:"); p-- {
 					buf[p] = byte('0' + j%10)
 					j /= 10
 				}
-				d = op(inPlace)
+				if r := op(unsafe.String(&buf[0], len(buf))); mode == "-dep" {
+					d = r
+				}
 			}
 		}
-		b.Run("map-find"+suffix, func(b *testing.B) {
+		b.Run("map-find"+mode, func(b *testing.B) {
 			run(b, func(k string) uint64 {
 				e := m[k]
 				if e == nil || e.flags.Load()&flagDead != 0 || e.key() != k {
@@ -80,19 +79,19 @@ func BenchmarkTableUniform(b *testing.B) {
 				return uint64(e.w[1].latest.Load()) >> 63
 			})
 		})
-		b.Run("table-find"+suffix, func(b *testing.B) {
+		b.Run("table-find"+mode, func(b *testing.B) {
 			run(b, func(k string) uint64 {
-				_, _, x, _, ok := tb.findFast(k, 1, now)
+				_, e, _, _, ok := tb.findFast(k, 1, now)
 				if !ok {
 					b.Fatal("missing")
 				}
-				return uint64(x) >> 63
+				return uint64(e.w[1].latest.Load()) >> 63
 			})
 		})
-		b.Run("map-add"+suffix, func(b *testing.B) {
-			run(b, func(k string) uint64 { return uint64(m[k].w[1].slot[0].local.Add(1)) >> 31 })
+		b.Run("map-add"+mode, func(b *testing.B) {
+			run(b, func(k string) uint64 { return uint64(m[k].w[1].slot[par].local.Add(1)) >> 31 })
 		})
-		b.Run("table-findadd"+suffix, func(b *testing.B) {
+		b.Run("table-findadd"+mode, func(b *testing.B) {
 			run(b, func(k string) uint64 {
 				_, e, _, par, ok := tb.findFast(k, 1, now)
 				if !ok {
@@ -101,7 +100,7 @@ func BenchmarkTableUniform(b *testing.B) {
 				return uint64(e.w[1].slot[par].local.Add(1)) >> 31
 			})
 		})
-		b.Run("table-fast"+suffix, func(b *testing.B) {
+		b.Run("table-fast"+mode, func(b *testing.B) {
 			run(b, func(k string) uint64 {
 				vw, ok := tb.addOpenFast(k, 1, now, 1)
 				if !ok {
@@ -110,7 +109,7 @@ func BenchmarkTableUniform(b *testing.B) {
 				return uint64(vw.Cur) >> 63
 			})
 		})
-		b.Run("table-add"+suffix, func(b *testing.B) {
+		b.Run("table-add"+mode, func(b *testing.B) {
 			run(b, func(k string) uint64 {
 				vw, held, _ := tb.AddOpen(k, 1, now, 1, false, false)
 				if !held {
@@ -119,5 +118,8 @@ func BenchmarkTableUniform(b *testing.B) {
 				return uint64(vw.Cur) >> 63
 			})
 		})
+	}
+	if tb.Len() != n {
+		b.Fatalf("%d keys held, want %d", tb.Len(), n)
 	}
 }
