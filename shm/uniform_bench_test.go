@@ -50,6 +50,11 @@ func BenchmarkTableUniform(b *testing.B) {
 		idx[i] = rng.IntN(n)
 	}
 	buf := []byte(keys[0])
+	for _, j := range []int{0, n / 2, n - 1} {
+		if writeUserKey(buf, j); string(buf) != keys[j] {
+			b.Fatalf("wrote %q for key %d, want %q", buf, j, keys[j])
+		}
+	}
 	for _, mode := range []string{"", "-buf", "-dep"} {
 		// run calls op on key after key; the calls only read the key, and
 		// every key is held, so none keeps a key written into buf.
@@ -61,10 +66,7 @@ func BenchmarkTableUniform(b *testing.B) {
 					op(keys[j])
 					continue
 				}
-				for p := len(buf) - 1; p >= len("user:"); p-- {
-					buf[p] = byte('0' + j%10)
-					j /= 10
-				}
+				writeUserKey(buf, j)
 				if r := op(unsafe.String(&buf[0], len(buf))); mode == "-dep" {
 					d = r
 				}
@@ -121,5 +123,13 @@ func BenchmarkTableUniform(b *testing.B) {
 	}
 	if tb.Len() != n {
 		b.Fatalf("%d keys held, want %d", tb.Len(), n)
+	}
+}
+
+// writeUserKey writes key j of the benchmark ("user:" and 8 digits) into buf.
+func writeUserKey(buf []byte, j int) {
+	for p := len(buf) - 1; p >= len("user:"); p-- {
+		buf[p] = byte('0' + j%10)
+		j /= 10
 	}
 }
