@@ -153,8 +153,7 @@ func (f *floorKeyed) increment(key string, i int, compare bool) float64 {
 	if compare && string(st.key[:st.klen]) != key {
 		panic("floorKeyed: wrong key")
 	}
-	w, weight := st.window(i, f.clock.Load())
-	return float64(w.cur.Add(1)) + float64(w.prev.Load())*weight
+	return st.increment(i, f.clock.Load())
 }
 
 // inPlace is runPatternOf, serial, on keys written into a buffer of the

@@ -349,6 +349,12 @@ func (f *floor2) allow(key string, limit [2]int64, r *floorResult) {
 // floorSizes[i] and returns the sliding rate after it.
 func (f *floor2) increment(key string, i int) float64 {
 	k, now := f.find(key)
+	return k.increment(i, now)
+}
+
+// increment adds 1 to k's window of floorSizes[i] at now and returns the
+// sliding rate after it.
+func (k *floorKey) increment(i int, now int64) float64 {
 	w, weight := k.window(i, now)
 	return float64(w.cur.Add(1)) + float64(w.prev.Load())*weight
 }
