@@ -53,7 +53,7 @@ func TestDecisionWindowsMatchesDecision(t *testing.T) {
 		size := [2]int64{sizes[rng.IntN(len(sizes))], sizes[rng.IntN(len(sizes))]}
 		for j := range nl {
 			w := idxs[j]
-			ws[j] = wstate{v: views[w], size: size[w], idx: w, w: w}
+			ws[j] = wstate{size: size[w], idx: w, w: w}
 			old[j] = lstate{kind: kindWindow, idx: w, size: size[w], owner: j, w: w, v: views[w]}
 			owner := j
 			if j == 1 && idxs[1] == idxs[0] {
@@ -68,13 +68,13 @@ func TestDecisionWindowsMatchesDecision(t *testing.T) {
 		counted := rng.IntN(2) == 0
 		ok := rng.IntN(2) == 0
 		if n%3 == 0 {
-			ok = admitsWindows(ws[:nl], limits, now, cost, counted)
+			ok = admitsWindows(ws[:nl], &views, limits, now, cost, counted)
 		}
-		a := admitsWindows(ws[:nl], limits, now, cost, counted)
+		a := admitsWindows(ws[:nl], &views, limits, now, cost, counted)
 		require.Equal(t, admits(old[:nl], limits, now, cost, counted), a, "admits old %d", n)
 		require.Equal(t, admits(gen[:nl], limits, now, cost, counted), a, "admits gen %d", n)
 		var dn, do, dg Decision
-		bn := decisionWindows(&dn, ws[:nl], limits, now, cost, ok, counted)
+		bn := decisionWindows(&dn, ws[:nl], &views, limits, now, cost, ok, counted)
 		bo := decision(&do, old[:nl], limits, now, cost, ok, counted)
 		bg := decision(&dg, gen[:nl], limits, now, cost, ok, counted)
 		require.Equal(t, do, dn, "old %d", n)

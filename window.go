@@ -80,7 +80,12 @@ func fits(v shm.View, size, now, cost int64, l *Limit) bool {
 }
 
 func remaining(v shm.View, size, now int64, l *Limit) int64 {
-	r := math.Floor(float64(l.Max) - load(v, size, now, 0, l.fixed()))
+	return remainingOf(load(v, size, now, 0, l.fixed()), l)
+}
+
+// remainingOf is remaining for a limit whose load is ld.
+func remainingOf(ld float64, l *Limit) int64 {
+	r := math.Floor(float64(l.Max) - ld)
 	if r <= 0 {
 		return 0
 	}

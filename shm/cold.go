@@ -159,6 +159,22 @@ func (t *Table) AddWindowsOpen(key string, now int64, mask uint8, v [2]int64, pe
 	if out, ok, done := t.addWindowsFast(key, now, mask, v, peek, sealable, judge); done {
 		return out, ok, true, true
 	}
+	return t.AddWindowsRest(key, now, mask, v, peek, ifHeld, sealable, judge)
+}
+
+// AddWindowsHeld is AddWindowsOpen's first step, for a caller on a hot
+// path: for a key the table holds, in windows it has open, it makes the
+// whole call (held and open) and reports done. Otherwise it does nothing
+// and reports false, and the caller finishes with AddWindowsRest, with the
+// same arguments. The two apart spare the caller a call and a copy of the
+// views that AddWindowsOpen, the two in one, costs.
+func (t *Table) AddWindowsHeld(key string, now int64, mask uint8, v [2]int64, peek, sealable bool, judge func([2]View) bool) (out [2]View, ok, done bool) {
+	return t.addWindowsFast(key, now, mask, v, peek, sealable, judge)
+}
+
+// AddWindowsRest is AddWindowsOpen after AddWindowsHeld reported false: the
+// call through the shard's lock.
+func (t *Table) AddWindowsRest(key string, now int64, mask uint8, v [2]int64, peek, ifHeld, sealable bool, judge func([2]View) bool) (out [2]View, ok, held, open bool) {
 	var s *shard
 	var e *entry
 	excl := false
