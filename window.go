@@ -71,7 +71,11 @@ func load(v shm.View, size, now, cost int64, fixed bool) float64 {
 	if fixed || v.Prev <= 0 {
 		return float64(cur)
 	}
-	return float64(cur) + float64(v.Prev)*weight(now, v.Start, size)
+	// The explicit conversion rounds the product: an architecture that fuses
+	// multiply-add (arm64) would otherwise be free to fuse one inlined copy
+	// of load and not another, and an admitted call's Remaining reuses the
+	// judge's load (see decisionWindows).
+	return float64(cur) + float64(float64(v.Prev)*weight(now, v.Start, size))
 }
 
 // fits reports whether a request of cost at now fits l given counts v.
