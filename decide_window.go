@@ -93,12 +93,7 @@ func (ns *Namespace) plainIndex(cost int64, l *Limit) int {
 	if l.Algorithm != SlidingWindow || l.Burst != 0 || l.Max <= 0 || l.Max > MaxValue || cost > l.Max {
 		return -1
 	}
-	for i, w := range ns.cfg.WindowSizes {
-		if w == l.Window {
-			return i
-		}
-	}
-	return -1
+	return ns.sizeIndex(l.Window)
 }
 
 // wstate is one limit's state on the lean path: where its window sits. The

@@ -214,12 +214,21 @@ func (ns *Namespace) check(ctx context.Context, key string, window time.Duration
 
 // windowIndex returns window's index in WindowSizes, or ErrUnknownWindow.
 func (ns *Namespace) windowIndex(window time.Duration) (int, error) {
-	for i, w := range ns.cfg.WindowSizes {
-		if w == window {
-			return i, nil
-		}
+	if i := ns.sizeIndex(window); i >= 0 {
+		return i, nil
 	}
 	return 0, fmt.Errorf("%w: %v (namespace %q has %v)", ErrUnknownWindow, window, ns.name, ns.cfg.WindowSizes)
+}
+
+// sizeIndex returns window's index in the namespace's WindowSizes, or -1.
+// It is small enough to inline into the hot path's checks (plainIndex).
+func (ns *Namespace) sizeIndex(window time.Duration) int {
+	for i, w := range ns.cfg.WindowSizes {
+		if w == window {
+			return i
+		}
+	}
+	return -1
 }
 
 // storedKey returns the key the tables hold for key: key itself, or a hash of
