@@ -35,7 +35,7 @@ func (ns *Namespace) decideWindows(ctx context.Context, d *Decision, key string,
 	if ns.closed.Load() {
 		return "", 0, closedOr(ctx)
 	}
-	if ctx == nil || key == "" || cost < 0 { // (leanWindows saw one or two limits)
+	if !callValid(ctx, key, cost) { // (leanWindows saw one or two limits)
 		return "", 0, checkCall(ctx, key, cost, len(limits))
 	}
 	var st [2]wstate

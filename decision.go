@@ -646,6 +646,13 @@ func (ns *Namespace) resolve(ctx context.Context, key string, cost int64, limits
 	return ns.storedKey(key), st, nil
 }
 
+// callValid is checkCall's verdict for one or more limits, small enough to
+// inline into the hot path, which calls checkCall only for the error
+// (TestCallValidMatchesCheckCall holds the two together).
+func callValid(ctx context.Context, key string, cost int64) bool {
+	return ctx != nil && key != "" && cost >= 0
+}
+
 // checkCall validates a decision's arguments other than its n limits.
 func checkCall(ctx context.Context, key string, cost int64, n int) error {
 	switch {
