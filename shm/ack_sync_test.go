@@ -110,15 +110,15 @@ func TestAckGroupedMatchesPlain(t *testing.T) {
 func ackPlain(t *Table, b *Batch, res strategy.Result) {
 	for i := range b.diffRefs {
 		ref := &b.diffRefs[i]
-		ref.e.mu.Lock()
+		t.lockEntry(ref.e)
 		t.ack(ref, b.Diffs[i].Delta, res.Totals[i])
-		ref.e.mu.Unlock()
+		ref.e.unlockEntry()
 	}
 	for i := range b.readRefs {
 		ref := &b.readRefs[i]
-		ref.e.mu.Lock()
+		t.lockEntry(ref.e)
 		t.setSynced(ref, res.Reads[i])
-		ref.e.mu.Unlock()
+		ref.e.unlockEntry()
 	}
 	t.settleFlags(b)
 	t.settled(b)
@@ -131,8 +131,8 @@ func viewOf(tb *Table, key string, w int, now int64) [3]int64 {
 		return [3]int64{}
 	}
 	defer s.mu.RUnlock()
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	tb.lockEntry(e)
+	defer e.unlockEntry()
 	lat := e.w[w].latest.Load()
 	cur, prev := tb.viewsAt(e, w, lat, parity(lat, tb.sizeMS[w]))
 	return [3]int64{lat, cur, prev}

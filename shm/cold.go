@@ -74,7 +74,7 @@ func (t *Table) LoadColdSince(key string, now int64, mask uint8, counts [2][2]in
 		// The entry may have moved past now's window since the read was
 		// sent: the read's windows it still holds take their totals.
 		p := &e.w[w]
-		e.mu.Lock()
+		t.lockEntry(e)
 		for i, start := range [2]int64{x, x - size} {
 			if par, ok := p.held(start, size); ok {
 				n := counts[w][i]
@@ -87,7 +87,7 @@ func (t *Table) LoadColdSince(key string, now int64, mask uint8, counts [2][2]in
 				t.storeSynced(e, w, par, n, true)
 			}
 		}
-		e.mu.Unlock()
+		e.unlockEntry()
 	}
 	if e.flags.Load()&flagUnread != 0 {
 		e.flags.And(^flagUnread) // read now: the key is warm
@@ -192,9 +192,9 @@ func (t *Table) AddWindowsRest(key string, now int64, mask uint8, v [2]int64, pe
 		s.unlock(excl)
 		return out, false, true, false
 	}
-	e.mu.Lock()
+	t.lockEntry(e)
 	out, ok = t.countJudged(e, now, mask, v, peek, judge)
-	e.mu.Unlock()
+	e.unlockEntry()
 	t.touch(s, e)
 	s.unlock(excl)
 	return out, ok, true, true
@@ -232,7 +232,7 @@ func (t *Table) Refund(key string, w int, now, v int64, unread bool) int64 {
 	} else {
 		s, e, excl = t.lock(key, now)
 	}
-	e.mu.Lock() // refunds one at a time: each sees the others' take-backs
+	t.lockEntry(e) // refunds one at a time: each sees the others' take-backs
 	_, par := t.windowLocking(e, w, now, false)
 	take := v
 	if !t.track {
@@ -241,7 +241,7 @@ func (t *Table) Refund(key string, w int, now, v int64, unread bool) int64 {
 	if take > 0 {
 		t.addLocal(e, w, par, -take)
 	}
-	e.mu.Unlock()
+	e.unlockEntry()
 	t.touch(s, e)
 	s.unlock(excl)
 	return take

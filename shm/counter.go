@@ -85,7 +85,7 @@ func (t *Table) window(e *entry, w int, now int64) (int64, int) {
 	return t.windowLocking(e, w, now, true)
 }
 
-// windowLocking is window; lock says whether it takes e.mu to rotate (a
+// windowLocking is window; lock says whether it takes e's gate to rotate (a
 // caller that holds it passes false).
 func (t *Table) windowLocking(e *entry, w int, now int64, lock bool) (int64, int) {
 	p := &e.w[w]
@@ -93,11 +93,11 @@ func (t *Table) windowLocking(e *entry, w int, now int64, lock bool) (int64, int
 	lat := p.latest.Load()
 	if x > lat {
 		if lock {
-			e.mu.Lock()
+			t.lockEntry(e)
 		}
 		e.rotate(t, w, x)
 		if lock {
-			e.mu.Unlock()
+			e.unlockEntry()
 		}
 		lat = p.latest.Load()
 	}
@@ -176,12 +176,12 @@ type View struct {
 // view after the addition.
 func (t *Table) Add(key string, w int, now, v int64) View {
 	s, e, excl := t.lock(key, now)
-	e.mu.Lock()
+	t.lockEntry(e)
 	x, par := t.windowLocking(e, w, now, false)
 	t.addLocal(e, w, par, v)
 	vw := View{Start: x}
 	vw.Cur, vw.Prev = t.viewsAt(e, w, x, par)
-	e.mu.Unlock()
+	e.unlockEntry()
 	t.touch(s, e)
 	s.unlock(excl)
 	return vw
@@ -192,11 +192,11 @@ func (t *Table) Add(key string, w int, now, v int64) View {
 // by this node and the next sync reads it.
 func (t *Table) Peek(key string, w int, now int64) View {
 	s, e, excl := t.lock(key, now)
-	e.mu.Lock()
+	t.lockEntry(e)
 	x, par := t.windowLocking(e, w, now, false)
 	vw := View{Start: x}
 	vw.Cur, vw.Prev = t.viewsAt(e, w, x, par)
-	e.mu.Unlock()
+	e.unlockEntry()
 	t.touch(s, e)
 	s.unlock(excl)
 	return vw
@@ -207,7 +207,7 @@ func (t *Table) Peek(key string, w int, now int64) View {
 // b with Ack or Release.
 func (t *Table) AddPending(key string, w int, now, v int64, b *Batch) View {
 	s, e, excl := t.lock(key, now)
-	e.mu.Lock()
+	t.lockEntry(e)
 	x, _ := t.windowLocking(e, w, now, false)
 	p := &e.w[w]
 	size := t.sizeMS[w]
@@ -220,7 +220,7 @@ func (t *Table) AddPending(key string, w int, now, v int64, b *Batch) View {
 	t.addDiff(b, counterRef{e: e, w: uint8(w), start: x}, e.key(), v)
 	vw := View{Start: x}
 	vw.Cur, vw.Prev = t.viewsAt(e, w, x, par)
-	e.mu.Unlock()
+	e.unlockEntry()
 	t.addRead(b, counterRef{e: e, w: uint8(w), start: x - size}, e.key())
 	t.touch(s, e)
 	s.unlock(excl)
@@ -238,9 +238,9 @@ func (t *Table) PeekReads(key string, w int, now int64, b *Batch) View {
 	t.addRead(b, counterRef{e: e, w: uint8(w), start: x - size}, e.key())
 	t.touch(s, e)
 	vw := View{Start: x}
-	e.mu.Lock()
+	t.lockEntry(e)
 	vw.Cur, vw.Prev = t.viewsAt(e, w, x, par)
-	e.mu.Unlock()
+	e.unlockEntry()
 	s.unlock(excl)
 	return vw
 }
@@ -265,7 +265,7 @@ func (t *Table) ViewAt(key string, w int, x int64) (v View, learned [2]bool, bey
 		return v, learned, beyond
 	}
 	size := t.sizeMS[w]
-	e.mu.Lock()
+	t.lockEntry(e)
 	for k, n := range [2]*int64{&v.Cur, &v.Prev} {
 		start := x - int64(k)*size
 		if sl, ok := t.heldSlot(e, w, start); ok {
@@ -274,7 +274,7 @@ func (t *Table) ViewAt(key string, w int, x int64) (v View, learned [2]bool, bey
 			beyond[k] = sl.local() - t.pendNeg(counterRef{e: e, w: uint8(w), start: start})
 		}
 	}
-	e.mu.Unlock()
+	e.unlockEntry()
 	s.mu.RUnlock()
 	return v, learned, beyond
 }
@@ -290,8 +290,8 @@ func (t *Table) TakeBackPending(key string, w int, now, start, v int64, b *Batch
 	s, e, excl := t.lockTakeBack(key, now)
 	defer s.unlock(excl)
 	defer t.touch(s, e)
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	t.lockEntry(e)
+	defer e.unlockEntry()
 	if start > e.w[w].latest.Load() {
 		e.rotate(t, w, start) // re-created since the count (see takeBackLocked)
 	}
@@ -317,9 +317,9 @@ func (t *Table) AddWindows(key string, now int64, mask uint8, v [2]int64, peek b
 }
 
 // addWindowsLocked is AddWindows on the entry e, with its shard locked and
-// e.mu held by the caller.
+// e's gate held by the caller.
 //
-// The caller holds e.mu throughout, so that no rotation comes between finding a
+// The caller holds e's gate throughout, so that no rotation comes between finding a
 // window, counting in it and reading the views a caller judges: a call at a
 // later instant rotating the entry by two windows in between made the count
 // land in the slot reused for the newer window while the view read the
@@ -364,9 +364,9 @@ func (t *Table) addWindowsLocked(e *entry, now int64, mask uint8, v [2]int64, pe
 // start instead (see takeBackLocked).
 func (t *Table) TakeBack(key string, now int64, mask uint8, starts, v [2]int64) [2]View {
 	s, e, excl := t.lockTakeBack(key, now)
-	e.mu.Lock()
+	t.lockEntry(e)
 	out := t.takeBackViews(e, now, mask, starts, v)
-	e.mu.Unlock()
+	e.unlockEntry()
 	t.touch(s, e)
 	s.unlock(excl)
 	return out
@@ -377,7 +377,7 @@ func (t *Table) TakeBack(key string, now int64, mask uint8, starts, v [2]int64) 
 // between finding the window and taking from it. A window the entry no
 // longer holds (rotated out since: the call stalled for a whole window)
 // had the count retired with it, so it is taken from the retired record.
-// The caller holds e's shard's lock and e.mu.
+// The caller holds e's shard's lock and e's gate.
 func (t *Table) takeBackLocked(e *entry, mask uint8, starts, v [2]int64) {
 	for w := range t.n {
 		if mask&(1<<w) == 0 || v[w] == 0 {

@@ -2,7 +2,6 @@ package shm
 
 import (
 	"math"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 )
@@ -291,8 +290,8 @@ type pair struct {
 // never scanned by the garbage collector.
 type entry struct {
 	flags atomic.Uint32
-	klen  uint32     // the key's length
-	mu    sync.Mutex // rotation and sync bookkeeping; never taken by a plain increment
+	klen  uint32        // the key's length
+	gate  atomic.Uint64 // the lock for rotation and sync bookkeeping, and judged counts pending (see gate.go); never taken by a plain increment
 	w     [2]pair
 }
 
@@ -343,7 +342,7 @@ func (p *pair) held(x, size int64) (int, bool) {
 }
 
 // slotOf returns the counts of e's slot par of size index w. The caller
-// holds e.mu (a narrow entry may go wide otherwise).
+// holds e's gate (a narrow entry may go wide otherwise).
 func (t *Table) slotOf(e *entry, w, par int) cnt {
 	if e.flags.Load()&flagWide != 0 {
 		return cnt{x: &t.wideOf(e)[w][par]}
@@ -351,7 +350,7 @@ func (t *Table) slotOf(e *entry, w, par int) cnt {
 	return cnt{n: &e.w[w].slot[par]}
 }
 
-// heldSlot is held with the slot's counts. The caller holds e.mu.
+// heldSlot is held with the slot's counts. The caller holds e's gate.
 func (t *Table) heldSlot(e *entry, w int, x int64) (cnt, bool) {
 	par, ok := e.w[w].held(x, t.sizeMS[w])
 	if !ok {
@@ -369,7 +368,7 @@ func (t *Table) wideOf(e *entry) *wide {
 	return new(wide)
 }
 
-// widen moves e's counts to 64-bit slots. The caller holds e.mu, and e is
+// widen moves e's counts to 64-bit slots. The caller holds e's gate, and e is
 // live. Each narrow local count is swapped for poison: a lock-free addition
 // either came before and moves with it, or sees the poison and counts again
 // through the locked path, which finds the entry wide. The narrow synced
@@ -402,7 +401,7 @@ func (t *Table) widen(e *entry) {
 
 // addLocal adds v to the local count of e's slot par of size index w,
 // widening e when the narrow count cannot hold the result, and returns the
-// slot's counts. The caller holds e.mu, and e is live.
+// slot's counts. The caller holds e's gate, and e is live.
 func (t *Table) addLocal(e *entry, w, par int, v int64) cnt {
 	c := t.slotOf(e, w, par)
 	if c.n != nil {
@@ -425,7 +424,7 @@ func (t *Table) addLocal(e *entry, w, par int, v int64) cnt {
 
 // storeSynced stores total as the synced count of e's slot par of size
 // index w, widening e when a narrow count cannot hold it. With ifUnknown, it
-// stores only over an unknown count. The caller holds e.mu, and e is live.
+// stores only over an unknown count. The caller holds e's gate, and e is live.
 func (t *Table) storeSynced(e *entry, w, par int, total int64, ifUnknown bool) {
 	c := t.slotOf(e, w, par)
 	if c.n != nil && (total < -narrowSynced || total > narrowSynced) {
@@ -445,7 +444,7 @@ func (t *Table) storeSynced(e *entry, w, par int, total int64, ifUnknown bool) {
 // viewsAt returns the node's counts for the window of size index w starting
 // at x, whose parity the caller knows (no division), and for the one
 // before it: 0 for a window not held. One load of latest serves both. The
-// caller holds e.mu.
+// caller holds e's gate.
 func (t *Table) viewsAt(e *entry, w int, x int64, par int) (cur, prev int64) {
 	p, size := &e.w[w], t.sizeMS[w]
 	lat := p.latest.Load()
@@ -462,7 +461,7 @@ func (t *Table) viewsAt(e *entry, w int, x int64, par int) (cur, prev int64) {
 }
 
 // rotate makes cur the newest window held, retiring what the reused slots
-// held. The caller holds e.mu. Windows never move backwards.
+// held. The caller holds e's gate. Windows never move backwards.
 func (e *entry) rotate(t *Table, w int, cur int64) {
 	p := &e.w[w]
 	size := t.sizeMS[w]
@@ -497,7 +496,7 @@ func (e *entry) rotate(t *Table, w int, cur int64) {
 }
 
 // eachHeld calls fn for each window e holds (the newest and the one before it, of
-// each size), with its slot index. The caller holds e.mu.
+// each size), with its slot index. The caller holds e's gate.
 func (e *entry) eachHeld(t *Table, fn func(w int, start int64, par int)) {
 	for w := range t.n {
 		p := &e.w[w]
@@ -514,13 +513,13 @@ func (e *entry) eachHeld(t *Table, fn func(w int, start int64, par int)) {
 
 // retire is retireAll under e's lock.
 func (e *entry) retire(t *Table) {
-	e.mu.Lock()
+	t.lockEntry(e)
 	e.retireAll(t)
-	e.mu.Unlock()
+	e.unlockEntry()
 }
 
 // retireAll moves every unconfirmed window of e to the retired records and
-// marks e dead. The caller holds e.mu and is removing e from its shard (a
+// marks e dead. The caller holds e's gate and is removing e from its shard (a
 // lock-free reader may still hold it). Each narrow local count is swapped
 // for poison, the newest window of a size before the one before it: an
 // addition made without the lock either came first and is in the record, or

@@ -105,23 +105,24 @@ func TestJudgedFastChurnSealCountsOnce(t *testing.T) {
 }
 
 // TestJudgedFastSealWaitsForJudgedCall: Seal, started while a judged call
-// on a held key is inside its judge (under the entry's lock, without the
-// shard's), waits for it: the call's hit is counted, in the retired record
-// Seal makes, and a call after Seal is refused. The store ends with both
-// hits. Also with the judge rejecting: the take-back lands before Seal's
-// retirement, so the store ends with the first hit only.
+// on a held key is inside its judge under the entry's gate (judgedHeld,
+// without the shard's lock), waits for it: the call's hit is counted, in the
+// retired record Seal makes, and a call after Seal is refused. The store ends
+// with both hits. Also with the judge rejecting: the take-back lands before
+// Seal's retirement, so the store ends with the first hit only.
 func TestJudgedFastSealWaitsForJudgedCall(t *testing.T) {
+	testHeldOnly = true
+	defer func() { testHeldOnly = false }()
 	for _, admit := range []bool{true, false} {
 		t.Run(fmt.Sprintf("admit=%v", admit), func(t *testing.T) {
 			tb := newTable(t, Options{Sizes: []time.Duration{time.Second}, Track: true})
-			st := memory.New()
 			const now = int64(1_000_500)
 			tb.AddWindows("k", now, 1, [2]int64{1, 0}, false)
 			var sealed sync.WaitGroup
 			var sealReturned atomic.Bool
 			judge := func([2]View) bool {
 				sealed.Go(func() { tb.Seal(); sealReturned.Store(true) })
-				waitBlocked(t, 1) // Seal, on this entry's lock
+				waitBlocked(t, 1) // Seal, on this entry's gate
 				require.False(t, sealReturned.Load(), "Seal returned while a judged call held the entry")
 				return admit
 			}
@@ -134,16 +135,52 @@ func TestJudgedFastSealWaitsForJudgedCall(t *testing.T) {
 			}
 			require.Equal(t, want, v[0].Cur)
 			sealed.Wait()
-			_, _, _, open = tb.AddWindowsOpen("k", now, 1, [2]int64{1, 0}, false, false, true, nil)
-			require.False(t, open, "a lean call after Seal")
-			hits, _ := tb.Pending()
-			require.Equal(t, want, hits)
-			var b Batch
-			tb.collectAll(now, false, &b)
-			settle(t, tb, st, &b, "final")
-			got, err := st.GetWindow(context.Background(), "ns", strategy.CounterID{Key: "k", Size: time.Second, Start: 1_000_000})
-			require.NoError(t, err)
-			require.Equal(t, want, got)
+			requireSealedWith(t, tb, now, want)
 		})
 	}
+}
+
+// TestJudgedPendingSealDuringJudge: a judged count without the entry's gate
+// (addWindowsFast) holds nothing Seal waits for. Seal, run to its end while
+// such a call is inside its judge, moves the gate: the call's swap fails, it
+// finds the entry gone and the table sealed, and is refused having counted
+// nothing, whatever its judge said. The store ends with the first hit only.
+func TestJudgedPendingSealDuringJudge(t *testing.T) {
+	for _, admit := range []bool{true, false} {
+		t.Run(fmt.Sprintf("admit=%v", admit), func(t *testing.T) {
+			tb := newTable(t, Options{Sizes: []time.Duration{time.Second}, Track: true})
+			const now = int64(1_000_500)
+			tb.AddWindows("k", now, 1, [2]int64{1, 0}, false)
+			calls := 0
+			judge := func([2]View) bool {
+				if calls++; calls == 1 {
+					tb.Seal()
+				}
+				return admit
+			}
+			_, ok, _, open := tb.AddWindowsOpen("k", now, 1, [2]int64{1, 0}, false, false, true, judge)
+			require.False(t, open, "a judged call that Seal overtook")
+			require.False(t, ok)
+			require.Equal(t, 1, calls, "judged once: the retry found the entry gone")
+			requireSealedWith(t, tb, now, 1)
+		})
+	}
+}
+
+// requireSealedWith checks a sealed table that held "k" with want hits in
+// the one-second window at now: a lean call is refused, and the final push
+// leaves want in the store.
+func requireSealedWith(t *testing.T, tb *Table, now, want int64) {
+	t.Helper()
+	_, _, _, open := tb.AddWindowsOpen("k", now, 1, [2]int64{1, 0}, false, false, true, nil)
+	require.False(t, open, "a lean call after Seal")
+	hits, _ := tb.Pending()
+	require.Equal(t, want, hits)
+	st := memory.New()
+	var b Batch
+	tb.collectAll(now, false, &b)
+	settle(t, tb, st, &b, "final")
+	got, err := st.GetWindow(context.Background(), "ns", strategy.CounterID{Key: "k", Size: time.Second, Start: 1_000_000})
+	require.NoError(t, err)
+	require.Equal(t, want, got)
 }

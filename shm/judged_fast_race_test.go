@@ -13,18 +13,25 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// waitBlocked waits until n goroutines are parked on a mutex (their
-// stacks show the runtime's semaphore acquire for a mutex).
+// waitBlocked waits until n goroutines wait for a lock: parked on a mutex
+// (their stacks show the runtime's semaphore acquire for one) or spinning
+// for an entry's gate (lockEntry).
 func waitBlocked(t *testing.T, n int) {
 	t.Helper()
 	buf := make([]byte, 1<<20)
 	for deadline := time.Now().Add(30 * time.Second); ; runtime.Gosched() {
 		k := runtime.Stack(buf, true)
-		if strings.Count(string(buf[:k]), "SemacquireMutex") >= n {
+		waiting := 0
+		for _, g := range strings.Split(string(buf[:k]), "\n\n") {
+			if strings.Contains(g, "SemacquireMutex") || strings.Contains(g, "SemacquireRWMutex") || strings.Contains(g, "shm.(*Table).lockEntry(") {
+				waiting++
+			}
+		}
+		if waiting >= n {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %d goroutines blocked on a mutex:\n%s", n, buf[:k])
+			t.Fatalf("fewer than %d goroutines wait for a lock:\n%s", n, buf[:k])
 		}
 	}
 }
@@ -65,7 +72,7 @@ func TestJudgedFastExpiredDropAfterJudgedCount(t *testing.T) {
 				const limit = 1
 				judge := func(v [2]View) bool { return v[0].Cur <= limit }
 				ea := tb.lookupEntry("a")
-				ea.mu.Lock() // another call on "a" (or a Collect) holds its lock
+				tb.lockEntry(ea) // another call on "a" (or a Collect) holds its lock
 				var wg sync.WaitGroup
 				var ok1 bool
 				wg.Go(func() { // the judged call: finds "a" lock-free, waits for its lock
@@ -76,7 +83,7 @@ func TestJudgedFastExpiredDropAfterJudgedCount(t *testing.T) {
 					tb.AddWindows("b", now, 1, [2]int64{1, 0}, false)
 				})
 				waitBlocked(t, 2)
-				ea.mu.Unlock()
+				ea.unlockEntry()
 				wg.Wait()
 				require.True(t, ok1, "the first call in the window is admitted")
 				// An eviction (not expiry) may take "a" legitimately when the

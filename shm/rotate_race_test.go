@@ -43,11 +43,11 @@ func duringView(t *testing.T, tb *Table, key string, fn func()) (join func()) {
 // as it could before the lock was held there), else in a goroutine of wg
 // that waits for the lock (the outcome is then the serial one).
 func interleave(tb *Table, key string, fn func(), wg *sync.WaitGroup) {
-	if e := tb.lookupEntry(key); e != nil && !e.mu.TryLock() {
+	if e := tb.lookupEntry(key); e != nil && !tb.tryLockEntry(e) {
 		wg.Go(fn)
 		return
 	} else if e != nil {
-		e.mu.Unlock()
+		e.unlockEntry()
 	}
 	fn()
 }

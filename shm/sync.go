@@ -415,11 +415,11 @@ func heldParities(lat, size int64) (int, int) {
 // collectEntry adds e's unpushed hits (and, with reads, its seen windows) to
 // c.b, and reports whether e has expired: no window of it is current or
 // previous at c.now. It visits the windows eachHeld visits, in the same order,
-// under one hold of e.mu.
+// under one hold of e's gate.
 func (t *Table) collectEntry(e *entry, c *collector) (expired bool) {
-	e.mu.Lock()
+	t.lockEntry(e)
 	if e.flags.Load()&flagDead != 0 {
-		e.mu.Unlock()
+		e.unlockEntry()
 		return e.expired(t, c.now) // its hits were retired; Collect pushes them from there
 	}
 	expired = true
@@ -443,13 +443,13 @@ func (t *Table) collectEntry(e *entry, c *collector) (expired bool) {
 			c.b.runs[n-1].reread = true
 		}
 	}
-	e.mu.Unlock()
+	e.unlockEntry()
 	return expired
 }
 
 // collectSlot is collectEntry for the held window of size index w starting at
 // x, with counts s; newest tells whether x is the newest window e holds. The
-// caller holds e.mu.
+// caller holds e's gate.
 func (t *Table) collectSlot(e *entry, c *collector, w int, x int64, s cnt, newest bool) {
 	ref := counterRef{e: e, w: uint8(w), start: x}
 	size, cur := t.sizeMS[w], c.cur[w]
@@ -498,20 +498,20 @@ func (t *Table) Ack(b *Batch, res strategy.Result) {
 	defer t.settled(b)
 	d, r := 0, 0
 	for _, run := range b.runs {
-		run.e.mu.Lock()
+		t.lockEntry(run.e)
 		for ; d < run.diffs; d++ {
 			t.ack(&b.diffRefs[d], b.Diffs[d].Delta, res.Totals[d])
 		}
 		for ; r < run.reads; r++ {
 			t.setSynced(&b.readRefs[r], res.Reads[r])
 		}
-		run.e.mu.Unlock()
+		run.e.unlockEntry()
 	}
 	t.settleFlags(b)
 }
 
 // ack settles one diff of ref: d confirmed, total learned. The caller holds
-// ref.e.mu, which makes the pending and local changes one step for
+// the gate of ref.e, which makes the pending and local changes one step for
 // collectEntry.
 func (t *Table) ack(ref *counterRef, d, total int64) {
 	e := ref.e
@@ -550,7 +550,7 @@ func (t *Table) ack(ref *counterRef, d, total int64) {
 	t.retMu.Unlock()
 }
 
-// setSynced records total as ref's synced count. The caller holds ref.e.mu.
+// setSynced records total as ref's synced count. The caller holds the gate of ref.e.
 func (t *Table) setSynced(ref *counterRef, total int64) {
 	e := ref.e
 	if e.flags.Load()&flagDead != 0 {
@@ -584,9 +584,9 @@ func (t *Table) Release(b *Batch) {
 	}
 	for i, ref := range b.diffRefs {
 		e := ref.e
-		e.mu.Lock()
+		t.lockEntry(e)
 		t.unpend(ref, b.Diffs[i].Delta)
-		e.mu.Unlock()
+		e.unlockEntry()
 		if e.flags.Load()&flagDead == 0 {
 			t.remark(e)
 		}
@@ -623,8 +623,8 @@ func (t *Table) Load(key string, w int, start, count, now int64, insert bool) {
 	}
 	defer s.unlock(excl)
 	size := t.sizeMS[w]
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	t.lockEntry(e)
+	defer e.unlockEntry()
 	p := &e.w[w]
 	if lat := p.latest.Load(); start > lat && start <= windowStart(now, size) {
 		e.rotate(t, w, start)
@@ -651,9 +651,9 @@ func (t *Table) Pending() (hits int64, retired int) {
 		s := &t.shards[i]
 		s.mu.RLock()
 		s.each(func(e *entry) {
-			e.mu.Lock()
+			t.lockEntry(e)
 			e.eachHeld(t, func(w int, _ int64, par int) { hits += t.slotOf(e, w, par).local() })
-			e.mu.Unlock()
+			e.unlockEntry()
 		})
 		s.mu.RUnlock()
 	}

@@ -20,8 +20,11 @@ import (
 // lock from its count to its take-back, so the racing call waits for it
 // (see interleave) and the outcome checked is the serial one; the general
 // path's TakeBack, which comes after the lock was released, relies on the
-// take-back by start.
+// take-back by start. (A judged count without the gate counts nothing
+// before it admits: see TestJudgedPendingRotatedDuringJudge.)
 func TestTakeBackFromTheWindowCounted(t *testing.T) {
+	testHeldOnly = true
+	defer func() { testHeldOnly = false }()
 	for _, rotateBy := range []int64{1, 2} {
 		t.Run(fmt.Sprintf("rotated-by-%d", rotateBy), func(t *testing.T) {
 			tb := newTable(t, Options{Sizes: []time.Duration{time.Second, time.Minute}, Track: true})
@@ -72,6 +75,44 @@ func TestTakeBackFromTheWindowCounted(t *testing.T) {
 			require.Equal(t, limit, admitted, "the new second admits its limit, no more")
 		})
 	}
+}
+
+// TestJudgedPendingRotatedDuringJudge: a judged count without the entry's
+// gate (addWindowsFast) has counted nothing while it judges. A call at a
+// later instant that opens the next window in the meantime moves the gate,
+// so the first call's views are stale: it is judged again, in the newest
+// window (as any call after the rotation is), and admitted there. Each size
+// then holds the three admitted hits once, and the new second admits one
+// more, to its limit.
+func TestJudgedPendingRotatedDuringJudge(t *testing.T) {
+	tb := newTable(t, Options{Sizes: []time.Duration{time.Second, time.Minute}, Track: true})
+	const limit = 2
+	const x = 1_000_000
+	const now, later = x + 999, x + 1000
+	rotate, judged := false, 0
+	judge := func(v [2]View) bool {
+		judged++
+		if rotate {
+			rotate = false
+			tb.AddWindowsOpen("k", later, 3, [2]int64{0, 0}, true, false, true, nil)
+		}
+		return v[0].Cur <= limit
+	}
+	allow := func(at int64) bool {
+		_, ok, _, _ := tb.AddWindowsOpen("k", at, 3, [2]int64{1, 1}, false, false, true, judge)
+		return ok
+	}
+	require.True(t, allow(now))
+	require.True(t, allow(now))
+	rotate, judged = true, 0
+	require.True(t, allow(now), "judged again in the new second")
+	require.Equal(t, 2, judged)
+	hits, _ := tb.Pending()
+	require.Equal(t, int64(6), hits, "3 hits in each window size")
+	vw := tb.Peek("k", 0, later)
+	require.Equal(t, [2]int64{1, 2}, [2]int64{vw.Cur, vw.Prev})
+	require.True(t, allow(later))
+	require.False(t, allow(later), "the new second admits its limit, no more")
 }
 
 // lookupEntry returns key's entry (tests only).

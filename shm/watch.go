@@ -123,9 +123,9 @@ func (t *Table) LoadChanges(w strategy.Watch, ch strategy.Changes, now int64) {
 			continue
 		}
 		ref := counterRef{e: e, w: uint8(wi), start: w.Start}
-		e.mu.Lock()
+		t.lockEntry(e)
 		t.setSynced(&ref, c.Count)
-		e.mu.Unlock()
+		e.unlockEntry()
 		s.mu.RUnlock()
 	}
 }

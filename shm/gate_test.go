@@ -1,0 +1,123 @@
+package shm
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/ratesync/ratelimit/strategy"
+	"github.com/ratesync/ratelimit/strategy/memory"
+)
+
+func TestGateWord(t *testing.T) {
+	g := gateLocked | gateGenMask | 7<<gateHalf | 5
+	n := nextGen(g)
+	require.Equal(t, gateLocked|7<<gateHalf|5, n, "the generation wraps without touching the lock or the counts")
+	require.Equal(t, int64(5), pendingOf(n, 0))
+	require.Equal(t, int64(7), pendingOf(n, 1))
+	require.Equal(t, uint64(1)<<gateGenShift, nextGen(0)&gateGenMask)
+}
+
+// TestJudgedPendingPastItsRange: judged counts pend in the gate's 16-bit
+// halves until a holder of the gate folds them. With nothing else taking the
+// gate, a count that would take a half past its range goes under the gate,
+// which folds the halves first; a cost past the range always does. Every
+// count lands once, in both sizes.
+func TestJudgedPendingPastItsRange(t *testing.T) {
+	tb := newTable(t, Options{Sizes: []time.Duration{time.Minute, time.Hour}})
+	const now = int64(1_000_000_000)
+	admit := func([2]View) bool { return true }
+	var sum int64
+	for i := range 3*gateHalfMax + 7 {
+		v := int64(1)
+		if i%40000 == 0 {
+			v = gateHalfMax + 1 // past a half's range: under the gate
+		}
+		out, ok, _, _ := tb.AddWindowsOpen("k", now, 3, [2]int64{v, v}, false, false, true, admit)
+		require.True(t, ok)
+		sum += v
+		require.Equal(t, [2]int64{sum, sum}, [2]int64{out[0].Cur, out[1].Cur}, "call %d", i)
+	}
+	// A lock-free addition's view holds the counts pending.
+	_, _, _, _ = tb.AddWindowsOpen("k", now, 3, [2]int64{1, 1}, false, false, true, admit)
+	sum++
+	vw, held, _ := tb.AddOpen("k", 1, now, 1, false, true)
+	require.True(t, held)
+	require.Equal(t, sum+1, vw.Cur)
+	require.Equal(t, sum, tb.Peek("k", 0, now).Cur)
+	require.Equal(t, sum+1, tb.Peek("k", 1, now).Cur)
+	hits, _ := tb.Pending()
+	require.Equal(t, 2*sum+1, hits)
+}
+
+// TestJudgedPendingWithIncrementsAndSync: judged counts without the gate
+// (some rejected, some too large to pend), lock-free additions (AddOpen,
+// whose views include the pending counts) and judged peeks race on two keys
+// while a sync loop folds, pushes and settles. The clock stands still. The
+// judge admits up to a limit that the calls reach, so rejections and
+// retries happen. Model: the store ends with exactly the admitted judged
+// costs plus the additions, per size, and the admitted judged costs never
+// take a key's judged view past the limit.
+func TestJudgedPendingWithIncrementsAndSync(t *testing.T) {
+	for _, walk := range []bool{false, true} {
+		tb := newTable(t, Options{Sizes: []time.Duration{time.Minute, time.Hour}, Track: true, Walk: walk})
+		st := memory.New()
+		const now = int64(1_000_000_000)
+		const limit = 150_000
+		stop := syncUntilStopped(t, tb, st, func() int64 { return now })
+		var counted [2][2]atomic.Int64 // by key, by size
+		var wg sync.WaitGroup
+		for wk := range 4 {
+			wg.Go(func() {
+				r := rand.New(rand.NewPCG(uint64(wk), 1))
+				for i := range 20000 {
+					k := r.IntN(2)
+					key := [2]string{"a", "b"}[k]
+					switch {
+					case wk < 2: // judged counts
+						v := int64(1 + r.IntN(20))
+						if i%997 == 0 {
+							v = gateHalfMax + 1
+						}
+						judge := func(vw [2]View) bool { return vw[0].Cur <= limit }
+						out, ok, _, open := tb.AddWindowsOpen(key, now, 3, [2]int64{v, v}, false, false, true, judge)
+						require.True(t, open)
+						if ok {
+							require.LessOrEqual(t, out[0].Cur, int64(limit))
+							counted[k][0].Add(v)
+							counted[k][1].Add(v)
+						}
+					case i%50 == 0: // judged peek
+						_, _, _, open := tb.AddWindowsOpen(key, now, 3, [2]int64{1, 1}, true, false, true, func([2]View) bool { return true })
+						require.True(t, open)
+					default: // lock-free additions
+						w := r.IntN(2)
+						vw, _, open := tb.AddOpen(key, w, now, 3, false, true)
+						require.True(t, open)
+						require.Positive(t, vw.Cur)
+						counted[k][w].Add(3)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		stop()
+		var b Batch
+		tb.collectAll(now, false, &b)
+		settle(t, tb, st, &b, "final")
+		for k, key := range []string{"a", "b"} {
+			for w, sz := range []time.Duration{time.Minute, time.Hour} {
+				id := strategy.CounterID{Key: key, Size: sz, Start: now / sz.Milliseconds() * sz.Milliseconds()}
+				got, err := st.GetWindow(context.Background(), "ns", id)
+				require.NoError(t, err)
+				require.Equal(t, counted[k][w].Load(), got, "walk=%v %s size %v", walk, key, sz)
+				require.Equal(t, got, tb.Peek(key, w, now).Cur)
+			}
+		}
+	}
+}
