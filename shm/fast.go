@@ -184,9 +184,12 @@ func (t *Table) addWindowsFast(key string, now int64, mask uint8, v [2]int64, pe
 					break pending
 				}
 				out[w].Start = x
-				out[w].Prev = p.slot[par^1].view()
-				out[w].Cur = p.slot[par].view() + pend + v[w]
+				out[w].Prev = p.slot[par^1].viewStill()
+				out[w].Cur = p.slot[par].viewStill() + pend + v[w]
 				ng += uint64(v[w]) << (gateHalf * uint(w&1))
+			}
+			if testHookView != nil {
+				testHookView() // after the views, before the judgement
 			}
 			if ok = judge(out); ok {
 				if !e.gate.CompareAndSwap(g, ng) {
