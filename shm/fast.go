@@ -67,12 +67,14 @@ func (t *Table) addOpenFast(key string, w int, now, v int64) (View, bool) {
 		cur.local.Add(-int32(v))
 		return View{}, false
 	}
+	// A judged count pending in the gate (see gate.go) is in this window:
+	// read before local's second load (see pendingView).
+	pend := e.pendingView(w)
 	if testHookView != nil {
 		testHookView() // between the view's two loads (see nslot.view)
 	}
 	// Poison, retired since the addition, is never the larger local.
-	// A judged count pending in the gate (see gate.go) is in this window.
-	vw := View{Start: x, Cur: cur.viewFrom(n) + e.pendingView(w)}
+	vw := View{Start: x, Cur: cur.viewFrom(n) + pend}
 	if !poisoned(pl) {
 		vw.Prev = pv
 	}

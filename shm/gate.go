@@ -84,13 +84,12 @@ func (e *entry) unlockEntry() {
 }
 
 // pendingView returns the pending count of e's newest window of size index
-// w, for a reader without the gate (0 while a holder may be folding it).
+// w, for a reader without the gate. A holder folds a pending count into
+// local before it clears it from the gate, so a reader that loads the gate
+// before it loads local counts a pending count at least once (twice while
+// a fold is under way, never zero times), locked or not.
 func (e *entry) pendingView(w int) int64 {
-	g := e.gate.Load()
-	if g&gateLocked != 0 {
-		return 0
-	}
-	return pendingOf(g, w)
+	return pendingOf(e.gate.Load(), w)
 }
 
 // tryLockEntry takes e's gate, as lockEntry does, only if no one holds it,
