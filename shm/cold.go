@@ -147,10 +147,12 @@ func (t *Table) Seal() {
 
 // AddWindowsOpen is AddWindows (with ifHeld, AddWindowsIfHeld: held false
 // and nothing done for a key the table does not hold) for a caller that
-// judges the views at once: when judge rejects the views and the call
-// counts (not peek), v is taken back under the same hold of the key's
-// entry lock, and the views returned are those after. judge runs under
-// that lock: it must not call the table on key. ok is judge's verdict (a
+// judges the views at once: the call counts v only if judge admits the
+// views (v added), and the views returned are those after. judge may run
+// more than once a call (up to five times) and without the key's entry
+// gate (see gate.go), on views that are then discarded; it must be free of
+// side effects beyond its answer, and must not call the table on key (under
+// the gate, that would spin forever). ok is judge's verdict (a
 // nil judge admits). With sealable, a sealed table counts nothing and
 // open is false; the lean decision paths, which Close does not wait for,
 // pass it. It is the body of AddWindows and AddWindowsIfHeld too, and no
