@@ -152,8 +152,8 @@ func (t *Table) addWindowsFast(key string, now int64, mask uint8, v [2]int64, pe
 		// then the views of the windows now falls in, judges them with v
 		// added and, if they admit it, adds v to the gate's pending counts
 		// with one compare-and-swap. It needs the gate instead when a
-		// holder has it, the entry is wide, a window must rotate, or a
-		// pending count would leave its range. (In this function, not a
+		// holder has it, the entry is wide, or a pending count would
+		// leave its range; a window that must open takes the locked path. (In this function, not a
 		// call: returned through one more frame, the views cost a hot
 		// Allow a tenth, measured.)
 	pending:
@@ -177,7 +177,9 @@ func (t *Table) addWindowsFast(key string, now int64, mask uint8, v [2]int64, pe
 				x, par := t.windowOf(w, now)
 				p := &e.w[w]
 				if lat := p.latest.Load(); x > lat {
-					break pending // (rotating needs the gate)
+					// Rotating needs the shard's lock (see judgedHeld),
+					// and the newest window never moves back.
+					return [2]View{}, false, false
 				} else if x < lat { // the clock went back: the newest window (see window)
 					x, par = lat, parity(lat, t.sizeMS[w])
 				}

@@ -49,19 +49,15 @@ func nextGen(g uint64) uint64 {
 }
 
 // lockEntry takes e's gate: it waits for any other holder to release it, then
-// folds e's pending counts into its newest windows. Holders never block while
-// they hold it (they do a few loads and stores), so a waiter spins and yields
-// instead of sleeping.
+// folds e's pending counts into its newest windows (see tryLockEntry). A
+// holder works briefly (at most it waits for the table's retired-record or
+// pending-push lock, which no holder of a gate waits for in turn), so a
+// waiter spins and yields instead of sleeping.
 func (t *Table) lockEntry(e *entry) {
-	g := e.gate.Load()
-	for spins := 0; g&gateLocked != 0 || !e.gate.CompareAndSwap(g, nextGen(g)|gateLocked); spins++ {
+	for spins := 0; !t.tryLockEntry(e); spins++ {
 		if spins >= 8 {
 			runtime.Gosched()
 		}
-		g = e.gate.Load()
-	}
-	if g&gatePending != 0 {
-		t.foldPending(e, g)
 	}
 }
 
@@ -92,8 +88,9 @@ func (e *entry) pendingView(w int) int64 {
 	return pendingOf(e.gate.Load(), w)
 }
 
-// tryLockEntry takes e's gate, as lockEntry does, only if no one holds it,
-// and reports whether it did.
+// tryLockEntry takes e's gate if no one holds it, and reports whether it
+// did: one compare-and-swap sets the locked bit and moves the generation on,
+// then the pending counts are folded.
 func (t *Table) tryLockEntry(e *entry) bool {
 	g := e.gate.Load()
 	if g&gateLocked != 0 || !e.gate.CompareAndSwap(g, nextGen(g)|gateLocked) {
