@@ -64,6 +64,9 @@ func (p *leanPair) decideBoth(t *testing.T, n int, key string, cost int64, limit
 	t.Helper()
 	ctx := context.Background()
 	require.True(t, p.fast.leanWindows(limits), "call %d", n)
+	for j := range limits {
+		require.True(t, leanLimit(&limits[j]), "call %d", n)
+	}
 	var gotD, wantD Decision
 	gotKey, gotIdx, gotErr := p.fast.decideWindows(ctx, &gotD, key, cost, limits, count && cost > 0)
 	wantKey, wantIdx, wantErr := p.general.decideAny(ctx, &wantD, key, cost, limits, count && cost > 0)
@@ -171,10 +174,41 @@ func TestLeanWindowsTakesOnlyItsCalls(t *testing.T) {
 	require.True(t, ns.leanWindows([]Limit{w, w}))
 	require.False(t, ns.leanWindows(nil))
 	require.False(t, ns.leanWindows([]Limit{w, w, w}))
-	require.False(t, ns.leanWindows([]Limit{w, {Window: time.Second, Max: 5, Penalty: true}}))
-	require.False(t, ns.leanWindows([]Limit{{Window: time.Second, Max: 5, Algorithm: TokenBucket}}))
-	require.False(t, ns.leanWindows([]Limit{{Window: time.Second, Max: 5, Algorithm: SlidingLog}}))
-	require.False(t, ns.leanWindows([]Limit{{Window: time.Second, Max: 5, Algorithm: Algorithm(99)}}))
+	require.True(t, leanLimit(&w))
+	require.True(t, leanLimit(&Limit{Window: time.Second, Max: 5, Algorithm: FixedWindow}))
+	for _, l := range []Limit{
+		{Window: time.Second, Max: 5, Penalty: true},
+		{Window: time.Second, Max: 5, Algorithm: TokenBucket},
+		{Window: time.Second, Max: 5, Algorithm: SlidingLog},
+		{Window: time.Second, Max: 5, Algorithm: Algorithm(99)},
+	} {
+		require.False(t, leanLimit(&l), "%+v", l)
+	}
+	// decideWindows hands the call over to the general path: a penalty, a
+	// log or a bucket is decided there, a bad algorithm refused there. Two
+	// keys, one through each, answer alike call by call, rejections (which
+	// a penalty counts) included.
+	at := time.UnixMilli(1_700_000_000_250)
+	byClock, err := reg.New(Config{Namespace: "by-clock", WindowSizes: []time.Duration{time.Second}, SyncRate: -1, Clock: func() time.Time { return at }})
+	require.NoError(t, err)
+	small := Limit{Window: time.Second, Max: 3}
+	for _, l := range []Limit{
+		{Window: time.Second, Max: 2, Penalty: true},
+		{Window: time.Second, Max: 2, Algorithm: TokenBucket},
+		{Window: time.Second, Max: 2, Algorithm: SlidingLog},
+		{Window: time.Second, Max: 2, Algorithm: Algorithm(99)},
+	} {
+		for n, limits := range [][]Limit{{l}, {small, l}, {l, small}} {
+			key := fmt.Sprintf("%v-%d", l, n)
+			for call := range 5 {
+				var lean, general Decision
+				_, _, errLean := byClock.decideWindows(ctx, &lean, "lean-"+key, 1, limits, true)
+				_, _, errGeneral := byClock.decideEntered(ctx, &general, "general-"+key, 1, limits, true)
+				require.Equal(t, errGeneral, errLean, "%+v call %d", limits, call)
+				require.Equal(t, general, lean, "%+v call %d", limits, call)
+			}
+		}
+	}
 	mode := ns.mode
 	ns.mode = modeSync
 	defer func() { ns.mode = mode }() // Close would flush a synchronous namespace
