@@ -2,6 +2,7 @@ package shm
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -147,4 +148,44 @@ func TestIncrementViewHoldsPendingWhileGateTaken(t *testing.T) {
 	e.unlockEntry()
 	require.Equal(t, int64(60_002), tb.Peek("k", 0, now).Cur)
 	require.GreaterOrEqual(t, vw.Cur, int64(60_002))
+}
+
+// TestJudgedCountAfterQuietSyncsIsPushed: a judged count on a key that
+// several syncs found quiet (its entry off the shard's dirty list) puts the
+// entry back on the list, so the next sync pushes it. The count without
+// the gate skips the marks it finds set (markUsed, touch); a skip on the
+// wrong mark would leave the hit local for good.
+func TestJudgedCountAfterQuietSyncsIsPushed(t *testing.T) {
+	tb := newTable(t, Options{Sizes: []time.Duration{time.Minute}, Track: true})
+	st := memory.New()
+	const now = int64(1_000_000_000)
+	admit := func([2]View) bool { return true }
+	sync := func(round string) {
+		var b Batch
+		tb.collectAll(now, false, &b)
+		settle(t, tb, st, &b, round)
+	}
+	id := strategy.CounterID{Key: "a", Size: time.Minute, Start: now / 60_000 * 60_000}
+	stored := func() int64 {
+		got, err := st.GetWindow(context.Background(), "ns", id)
+		require.NoError(t, err)
+		return got
+	}
+	var counted int64
+	for round := range 4 {
+		// One count opens the window (round 0); the rest go without the
+		// gate.
+		for range 3 {
+			_, ok, _, open := tb.AddWindowsOpen("a", now, 1, [2]int64{2, 2}, false, false, true, admit)
+			require.True(t, ok && open)
+			counted += 2
+		}
+		_, _, done := tb.AddWindowsHeld("a", now, 1, [2]int64{1, 1}, false, true, admit)
+		require.True(t, done, "round %d: a held key in an open window counts on the fast path", round)
+		counted++
+		for quiet := range round + 2 { // the first pushes; the rest find the key quiet
+			sync(fmt.Sprintf("r%d-%d", round, quiet))
+		}
+		require.Equal(t, counted, stored(), "round %d", round)
+	}
 }
