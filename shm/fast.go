@@ -90,8 +90,7 @@ func (t *Table) addOpenFast(key string, w int, now, v int64) (View, bool) {
 		}
 		e.unlockEntry()
 	}
-	e.markUsed()
-	t.touch(s, e)
+	t.use(s, e)
 	return vw, true
 }
 
@@ -153,9 +152,9 @@ func (t *Table) addWindowsFast(key string, now int64, mask uint8, v [2]int64, pe
 		// added and, if they admit it, adds v to the gate's pending counts
 		// with one compare-and-swap. It needs the gate instead when a
 		// holder has it, the entry is wide, or a pending count would
-		// leave its range; a window that must open takes the locked path. (In this function, not a
-		// call: returned through one more frame, the views cost a hot
-		// Allow a tenth, measured.)
+		// leave its range; a window that must open takes the locked
+		// path. (In this function, not a call: returned through one
+		// more frame, the views cost a hot Allow a tenth, measured.)
 	pending:
 		for range 4 {
 			g := e.gate.Load()
@@ -174,9 +173,9 @@ func (t *Table) addWindowsFast(key string, now int64, mask uint8, v [2]int64, pe
 				if mask&(1<<w) == 0 {
 					continue
 				}
-				x, par, cached := t.lastWindow(w, now)
+				x, par, cached := t.lastWindow(w, now) // (windowOf does not inline)
 				if !cached {
-					x, par = t.windowOf(w, now)
+					x, par = t.newWindow(w, now)
 				}
 				p := &e.w[w]
 				if lat := p.latest.Load(); x > lat {
@@ -211,13 +210,7 @@ func (t *Table) addWindowsFast(key string, now int64, mask uint8, v [2]int64, pe
 					}
 				}
 			}
-			// markUsed's and touch's common case in one load of the
-			// flags: every mark already set, neither has work (2% of a
-			// hot two-limit Allow's instructions, measured).
-			if f := e.flags.Load(); f&(flagRef|flagUsed|flagListed) != flagRef|flagUsed|flagListed {
-				e.markUsed()
-				t.touch(s, e)
-			}
+			t.use(s, e)
 			return out, ok, true
 		}
 	}
