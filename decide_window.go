@@ -91,9 +91,9 @@ func (ns *Namespace) decideWindows(ctx context.Context, d *Decision, key string,
 }
 
 // plainIndex is checkLimit for the commonest limit, a plain sliding window
-// (no Penalty) of a size the namespace has that admits cost: its window index, or -1
-// when checkLimit must decide. It is small enough to inline, so the common
-// call spares checkLimit's and windowIndex's calls.
+// (no Penalty) of a size the namespace has that admits cost: its window
+// index, or -1 when checkLimit must decide. It is small enough to inline, so
+// the common call spares checkLimit's and windowIndex's calls.
 func (ns *Namespace) plainIndex(cost int64, l *Limit) int {
 	if l.Algorithm != SlidingWindow || l.Penalty || l.Burst != 0 || l.Max <= 0 || l.Max > MaxValue || cost > l.Max {
 		return -1

@@ -160,7 +160,7 @@ func TestJudgedCountAfterQuietSyncsIsPushed(t *testing.T) {
 	st := memory.New()
 	const now = int64(1_000_000_000)
 	admit := func([2]View) bool { return true }
-	sync := func(round string) {
+	syncOnce := func(round string) {
 		var b Batch
 		tb.collectAll(now, false, &b)
 		settle(t, tb, st, &b, round)
@@ -184,7 +184,7 @@ func TestJudgedCountAfterQuietSyncsIsPushed(t *testing.T) {
 		require.True(t, done, "round %d: a held key in an open window counts on the fast path", round)
 		counted++
 		for quiet := range round + 2 { // the first pushes; the rest find the key quiet
-			sync(fmt.Sprintf("r%d-%d", round, quiet))
+			syncOnce(fmt.Sprintf("r%d-%d", round, quiet))
 		}
 		require.Equal(t, counted, stored(), "round %d", round)
 	}
