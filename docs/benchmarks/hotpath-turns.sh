@@ -20,6 +20,7 @@
 # of the per-round ratios that bound the median with 95% confidence
 # (binomial, normal approximation), so no round's outlier moves it.
 set -euo pipefail
+cd "$(git rev-parse --show-toplevel)" # the root package holds the benchmarks
 ANCHOR=${1:-a962b2a}
 ROUNDS=${2:-30}
 BENCH=${BENCH:-'BenchmarkIncrement/baseline/hot/serial$|BenchmarkAllow/(allow1-async|allow2-async)/hot/serial$'}
